@@ -1,0 +1,53 @@
+// Errors thrown by gpt2-attention. Every message names the tensor (or value) that is wrong,
+// what was expected and what was found, e.g.
+//   "c_attn.weight: expected shape [768, 2304], got [768, 768]".
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gpt2 {
+
+// Base class of everything the library throws on bad input.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A tensor or buffer whose shape or size does not match what the operation needs.
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An invalid configuration (n_embd, n_head, ...).
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+
+// "[768, 2304]"
+inline std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::ostringstream s;
+  s << '[';
+  for (std::size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+  s << ']';
+  return s.str();
+}
+
+// Throws ShapeError "<what>: expected shape [a, b], got [c, d]" unless the two shapes are equal.
+inline void check_shape(const std::string& what, const std::vector<std::int64_t>& expected,
+                        const std::vector<std::int64_t>& actual) {
+  if (expected != actual)
+    throw ShapeError(what + ": expected shape " + shape_string(expected) + ", got " +
+                     shape_string(actual));
+}
+
+}  // namespace detail
+}  // namespace gpt2

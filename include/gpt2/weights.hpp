@@ -1,0 +1,85 @@
+// AttentionWeights<T>: zero-copy views over the four tensors of one attention sublayer, in the
+// checkpoint's own layout (row-major, Conv1D [in, out]). The caller owns the buffers and must keep
+// them alive while the views are used; nothing is copied or transposed.
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include "gpt2/config.hpp"
+#include "gpt2/error.hpp"
+#include "gpt2/types.hpp"
+
+namespace gpt2 {
+
+template <class T>
+class AttentionWeights {
+  static_assert(std::is_floating_point<T>::value, "AttentionWeights<T>: T must be float or double");
+
+ public:
+  // Shapes (C = config.n_embd):
+  //   c_attn_weight [C, 3C]  columns are three contiguous blocks q | k | v
+  //   c_attn_bias   [3C]
+  //   c_proj_weight [C, C]
+  //   c_proj_bias   [C]
+  // Validates the config and every shape; throws ConfigError / ShapeError naming the tensor, the
+  // expected and the actual shape. Only the pointers are kept.
+  AttentionWeights(const AttentionConfig& config, const ConstMatrixMap<T>& c_attn_weight,
+                   const ConstVectorMap<T>& c_attn_bias, const ConstMatrixMap<T>& c_proj_weight,
+                   const ConstVectorMap<T>& c_proj_bias)
+      : config_(config),
+        c_attn_weight_(c_attn_weight.data()),
+        c_attn_bias_(c_attn_bias.data()),
+        c_proj_weight_(c_proj_weight.data()),
+        c_proj_bias_(c_proj_bias.data()) {
+    config_.validate();
+    const Index C = config_.n_embd;
+    detail::check_shape("c_attn.weight", {C, 3 * C}, {c_attn_weight.rows(), c_attn_weight.cols()});
+    detail::check_shape("c_attn.bias", {3 * C}, {c_attn_bias.size()});
+    detail::check_shape("c_proj.weight", {C, C}, {c_proj_weight.rows(), c_proj_weight.cols()});
+    detail::check_shape("c_proj.bias", {C}, {c_proj_bias.size()});
+    check_not_null("c_attn.weight", c_attn_weight_);
+    check_not_null("c_attn.bias", c_attn_bias_);
+    check_not_null("c_proj.weight", c_proj_weight_);
+    check_not_null("c_proj.bias", c_proj_bias_);
+  }
+
+  const AttentionConfig& config() const { return config_; }
+  Index n_embd() const { return config_.n_embd; }
+  Index n_head() const { return config_.n_head; }
+  Index head_dim() const { return config_.head_dim(); }
+
+  ConstMatrixMap<T> c_attn_weight() const { return {c_attn_weight_, n_embd(), 3 * n_embd()}; }
+  ConstVectorMap<T> c_attn_bias() const { return {c_attn_bias_, 3 * n_embd()}; }
+  ConstMatrixMap<T> c_proj_weight() const { return {c_proj_weight_, n_embd(), n_embd()}; }
+  ConstVectorMap<T> c_proj_bias() const { return {c_proj_bias_, n_embd()}; }
+
+ private:
+  static void check_not_null(const char* name, const T* p) {
+    if (p == nullptr) throw ShapeError(std::string(name) + ": expected a buffer, got a null pointer");
+  }
+
+  AttentionConfig config_;
+  const T* c_attn_weight_;
+  const T* c_attn_bias_;
+  const T* c_proj_weight_;
+  const T* c_proj_bias_;
+};
+
+// view(m): a zero-copy ConstMatrixMap over an owning row-major matrix, for building
+// AttentionWeights from plain Eigen matrices. Temporaries and other storage orders are rejected at
+// compile time (a view of them would dangle or need a hidden copy).
+template <class T>
+ConstMatrixMap<T> view(const RowMatrix<T>& m) {
+  return {m.data(), m.rows(), m.cols()};
+}
+template <class T>
+ConstVectorMap<T> view(const RowVector<T>& v) {
+  return {v.data(), v.size()};
+}
+template <class T>
+ConstMatrixMap<T> view(RowMatrix<T>&&) = delete;
+template <class T>
+ConstVectorMap<T> view(RowVector<T>&&) = delete;
+
+}  // namespace gpt2
