@@ -30,6 +30,14 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A file that is malformed or cannot be read/written (safetensors, .npy). The message names the
+// file and the problem, e.g. "model.safetensors: tensor 'h.0.attn.c_attn.bias': data_offsets
+// [0, 9000] end past the data section (9216 bytes)".
+class FormatError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 
 // "[768, 2304]"
