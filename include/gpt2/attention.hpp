@@ -1,0 +1,23 @@
+// gpt2-attention: GPT-2's multi-head causal self-attention sublayer, header-only, on Eigen 3.4.
+// The front door: include this header for the whole core (needs Eigen only).
+//
+//   qkv    = x @ c_attn.weight + c_attn.bias             [T, C] @ [C, 3C]   qkv.hpp
+//   q|k|v  = three contiguous C-blocks of qkv; head h at h*head_dim within each   qkv.hpp
+//   y_h    = softmax(q_h k_h^T / sqrt(head_dim), causal) v_h                causal_attention.hpp
+//   merged = [y_0 | y_1 | ... ]  (head h at columns h*head_dim)            projection.hpp
+//   out    = merged @ c_proj.weight + c_proj.bias                           projection.hpp
+//   attention_forward / attention: all of it, with reusable scratch         forward.hpp
+#pragma once
+
+#include "gpt2/causal_attention.hpp"
+#include "gpt2/config.hpp"
+#include "gpt2/error.hpp"
+#include "gpt2/forward.hpp"
+#include "gpt2/gemm.hpp"
+#include "gpt2/layer_norm.hpp"
+#include "gpt2/projection.hpp"
+#include "gpt2/qkv.hpp"
+#include "gpt2/types.hpp"
+#include "gpt2/version.hpp"
+#include "gpt2/weights.hpp"
+#include "gpt2/workspace.hpp"

@@ -6,6 +6,13 @@
 
 namespace gpt2 {
 
+namespace detail {
+template <class T>
+struct identity {
+  using type = T;
+};
+}  // namespace detail
+
 using Index = Eigen::Index;
 
 // Owning row-major matrix, e.g. x[T, C].
@@ -20,13 +27,16 @@ using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic>;
 // a row-major matrix (a head slice `qkv.middleCols(h * head_dim, head_dim)`) binds to it without a
 // copy. Caution: binding an expression with another storage order or a non-unit inner stride makes
 // Eigen evaluate it into a hidden temporary; the kernels of this library only ever bind views.
+// T is not deduced from a Ref parameter (a RowMatrix<float> argument converts to a Ref but cannot
+// deduce it), so every function taking Refs takes T from another parameter (weights, scratch).
 template <class T>
-using ConstMatrixRef = Eigen::Ref<const RowMatrix<T>, 0, Eigen::OuterStride<>>;
+using ConstMatrixRef =
+    Eigen::Ref<const RowMatrix<typename detail::identity<T>::type>, 0, Eigen::OuterStride<>>;
 
 // Writable view of a row-major matrix with unit inner stride and any row stride. Only binds to
 // storage that already has that layout (never copies).
 template <class T>
-using MatrixRef = Eigen::Ref<RowMatrix<T>, 0, Eigen::OuterStride<>>;
+using MatrixRef = Eigen::Ref<RowMatrix<typename detail::identity<T>::type>, 0, Eigen::OuterStride<>>;
 
 // Zero-copy views over contiguous caller-owned buffers (checkpoint tensors).
 template <class T>

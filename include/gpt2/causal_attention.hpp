@@ -1,0 +1,132 @@
+// Step 3 of the sublayer: causal attention of one head.
+//
+//   att = softmax(q k^T / sqrt(head_dim), causal) ; y = att v
+//
+// q [T, head_dim] are the queries of the last T positions of a sequence whose first n_past
+// positions come before them; k, v [n_past + T, head_dim] hold all its keys and values. Query row i
+// (position n_past + i) sees keys 0 .. n_past + i (bottom-right-aligned causal mask, as Hugging Face
+// applies it with past_key_values). With n_past = 0 this is the plain causal mask.
+//
+// The rows are processed in tiles of kAttentionRowBlock: a tile's scores cover only the keys it
+// can see (the triangle is exploited; no T x T matrix unless the probabilities are requested).
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "gpt2/error.hpp"
+#include "gpt2/gemm.hpp"
+#include "gpt2/types.hpp"
+
+namespace gpt2 {
+
+inline constexpr Index kAttentionRowBlock = 64;
+
+// Scratch of one causal_attention_head call: a [kAttentionRowBlock, n_keys] score tile and the
+// packing buffers of its two products. Grows on demand; reserve() up front for allocation-free
+// calls. Not thread-safe: one per thread.
+template <class T>
+class AttentionScratch {
+ public:
+  AttentionScratch() = default;
+  AttentionScratch(Index max_keys, Index head_dim) { reserve(max_keys, head_dim); }
+
+  // Room for up to max_keys keys of width head_dim.
+  void reserve(Index max_keys, Index head_dim) {
+    if (scores.cols() < max_keys) scores.resize(kAttentionRowBlock, max_keys);
+    scores_gemm.reserve(kAttentionRowBlock, max_keys, head_dim);
+    values_gemm.reserve(kAttentionRowBlock, head_dim, max_keys);
+  }
+
+  RowMatrix<T> scores;  // [kAttentionRowBlock, max_keys]
+  GemmScratch<T> scores_gemm;
+  GemmScratch<T> values_gemm;
+};
+
+// In place: row[0 .. n) = softmax(row[0 .. n)), row[n .. row.size()) = 0.
+//   row [n_keys], 1 <= n <= n_keys
+// The running max starts at minus infinity (never a finite sentinel), so logits of any size work.
+template <class T>
+void causal_softmax_row(T* row, Index n, Index n_keys) {
+  T max = -std::numeric_limits<T>::infinity();
+  for (Index j = 0; j < n; ++j) max = row[j] > max ? row[j] : max;
+  Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> visible(row, n);
+  visible = (visible - max).exp();
+  const T sum = visible.sum();
+  visible *= T(1) / sum;
+  for (Index j = n; j < n_keys; ++j) row[j] = T(0);
+}
+
+namespace detail {
+
+inline void check_attention_shapes(Index n_query, Index n_keys, Index head_dim, Index k_rows,
+                                   Index k_cols, Index v_rows, Index v_cols, Index out_rows,
+                                   Index out_cols) {
+  check_shape("k", {n_keys, head_dim}, {k_rows, k_cols});
+  check_shape("v", {n_keys, head_dim}, {v_rows, v_cols});
+  check_shape("out", {n_query, head_dim}, {out_rows, out_cols});
+  if (n_keys < n_query)
+    throw ShapeError("k: expected at least as many rows as q (" + std::to_string(n_query) +
+                     "), got " + std::to_string(n_keys));
+}
+
+// Shared body of the two public overloads; `probs` is null when not requested.
+template <class T>
+void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
+                           const ConstMatrixRef<T>& v, MatrixRef<T>& out, MatrixRef<T>* probs,
+                           AttentionScratch<T>& scratch) {
+  const Index T_ = q.rows(), head_dim = q.cols(), n_keys = k.rows(), n_past = n_keys - T_;
+  check_attention_shapes(T_, n_keys, head_dim, k.rows(), k.cols(), v.rows(), v.cols(),
+                         out.rows(), out.cols());
+  if (probs) check_shape("probs", {T_, n_keys}, {probs->rows(), probs->cols()});
+  if (T_ == 0) return;
+  scratch.reserve(n_keys, head_dim);
+  const T scale = T(1) / std::sqrt(T(head_dim));
+
+  for (Index r0 = 0; r0 < T_; r0 += kAttentionRowBlock) {
+    const Index nb = std::min(kAttentionRowBlock, T_ - r0);
+    const Index n_visible = n_past + r0 + nb;  // keys seen by the tile's last row
+    MatrixRef<T> att = scratch.scores.topLeftCorner(nb, n_visible);
+
+    // att = q_tile k_visible^T / sqrt(head_dim)
+    att.setZero();
+    gemm_accumulate<T>(scale, q.middleRows(r0, nb), k.topRows(n_visible), Op::Transpose, att,
+                       scratch.scores_gemm);
+    // causal softmax: row i sees keys 0 .. n_past + r0 + i
+    for (Index i = 0; i < nb; ++i) causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
+    // y_tile = att v_visible
+    MatrixRef<T> y = out.middleRows(r0, nb);
+    y.setZero();
+    gemm_accumulate<T>(T(1), att, v.topRows(n_visible), Op::None, y, scratch.values_gemm);
+
+    if (probs) {
+      probs->middleRows(r0, nb).leftCols(n_visible) = att;
+      probs->middleRows(r0, nb).rightCols(n_keys - n_visible).setZero();
+    }
+  }
+}
+
+}  // namespace detail
+
+// One head of causal self-attention.
+//   q [T, head_dim], k [n_past + T, head_dim], v [n_past + T, head_dim] (read; views are fine)
+//   out [T, head_dim] (written; e.g. head h's slot in the merged matrix, see head_slot)
+// PyTorch: F.softmax((q @ k.T / sqrt(head_dim)).masked_fill(~causal, -inf), -1) @ v
+template <class T>
+void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
+                           const ConstMatrixRef<T>& v, MatrixRef<T> out,
+                           AttentionScratch<T>& scratch) {
+  detail::causal_attention_head<T>(q, k, v, out, nullptr, scratch);
+}
+
+// Same, also writing the attention probabilities.
+//   probs [T, n_past + T] (written): row i holds softmax weights over keys 0 .. n_past + i and
+//   exact zeros after them.
+template <class T>
+void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
+                           const ConstMatrixRef<T>& v, MatrixRef<T> out, MatrixRef<T> probs,
+                           AttentionScratch<T>& scratch) {
+  detail::causal_attention_head<T>(q, k, v, out, &probs, scratch);
+}
+
+}  // namespace gpt2

@@ -1,0 +1,109 @@
+// The whole sublayer: qkv projection -> per-head causal attention -> merge -> output projection.
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include "gpt2/causal_attention.hpp"
+#include "gpt2/config.hpp"
+#include "gpt2/error.hpp"
+#include "gpt2/projection.hpp"
+#include "gpt2/qkv.hpp"
+#include "gpt2/types.hpp"
+#include "gpt2/weights.hpp"
+#include "gpt2/workspace.hpp"
+
+namespace gpt2 {
+
+namespace detail {
+
+template <class T>
+void check_workspace(const AttentionWeights<T>& w, const Workspace<T>& ws) {
+  const AttentionConfig& a = w.config();
+  const AttentionConfig& b = ws.config();
+  if (a.n_embd != b.n_embd || a.n_head != b.n_head)
+    throw ConfigError("workspace: expected n_embd " + std::to_string(a.n_embd) + ", n_head " +
+                      std::to_string(a.n_head) + " (the weights'), got n_embd " +
+                      std::to_string(b.n_embd) + ", n_head " + std::to_string(b.n_head));
+}
+
+// Body shared by the two overloads; `probs` is null when not requested.
+template <class T>
+void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, Workspace<T>& ws,
+                       MatrixRef<T>& out, MatrixRef<T>* probs) {
+  const AttentionConfig& config = w.config();
+  const Index T_ = x.rows(), C = config.n_embd, n_head = config.n_head;
+  check_shape("x", {T_, C}, {x.rows(), x.cols()});
+  check_shape("out", {T_, C}, {out.rows(), out.cols()});
+  if (probs) check_shape("probs", {n_head * T_, T_}, {probs->rows(), probs->cols()});
+  check_workspace(w, ws);
+  if (T_ == 0) return;
+  ws.reserve(T_);
+
+  MatrixRef<T> qkv = ws.qkv.topRows(T_);
+  MatrixRef<T> merged = ws.merged.topRows(T_);
+  qkv_projection<T>(w, x, qkv, ws.qkv_gemm);  // x is fully read here: out may alias x
+  for (Index h = 0; h < n_head; ++h) {
+    MatrixRef<T> y = head_slot(merged, config, h);
+    if (probs)
+      causal_attention_head<T>(q_view(qkv, config, h), k_view(qkv, config, h),
+                               v_view(qkv, config, h), y, probs->middleRows(h * T_, T_),
+                               ws.attention);
+    else
+      causal_attention_head<T>(q_view(qkv, config, h), k_view(qkv, config, h),
+                               v_view(qkv, config, h), y, ws.attention);
+  }
+  output_projection<T>(w, merged, out, ws.proj_gemm);
+}
+
+}  // namespace detail
+
+// out = GPT-2 attention sublayer(x)
+//   x [T, C] (read), out [T, C] (written; may be the same storage as x)
+//   ws: scratch for at least T tokens (grown if smaller; no allocation when it is big enough)
+// PyTorch (HF): GPT2Attention(x)[0] with c_attn, c_proj of `w`
+template <class T>
+void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, Workspace<T>& ws,
+                       MatrixRef<T> out) {
+  detail::attention_forward<T>(w, x, ws, out, nullptr);
+}
+
+// Same, also writing the attention probabilities of every head.
+//   probs [n_head * T, T] (written): rows h*T .. h*T + T - 1 are head h's [T, T] map, i.e. the
+//   row-major [n_head, T, T] tensor; entries above the diagonal are exactly 0.
+template <class T>
+void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, Workspace<T>& ws,
+                       MatrixRef<T> out, MatrixRef<T> probs) {
+  detail::attention_forward<T>(w, x, ws, out, &probs);
+}
+
+// Convenience front door: returns a new [T, C] matrix (allocates its result and a workspace).
+//   x: any Eigen expression [T, C] with the weights' scalar type; evaluated once to row-major.
+template <class T, class Derived>
+RowMatrix<T> attention(const AttentionWeights<T>& w, const Eigen::MatrixBase<Derived>& x) {
+  static_assert(std::is_same<typename Derived::Scalar, T>::value,
+                "gpt2::attention: x must have the weights' scalar type (cast it explicitly)");
+  const RowMatrix<T> x_eval = x;  // explicit copy: row-major, contiguous
+  detail::check_shape("x", {x_eval.rows(), w.n_embd()}, {x_eval.rows(), x_eval.cols()});
+  RowMatrix<T> out(x_eval.rows(), w.n_embd());
+  Workspace<T> ws(w.config(), x_eval.rows());
+  attention_forward<T>(w, x_eval, ws, out);
+  return out;
+}
+
+// Same, also returning the probabilities: probs is resized to [n_head * T, T].
+template <class T, class Derived>
+RowMatrix<T> attention(const AttentionWeights<T>& w, const Eigen::MatrixBase<Derived>& x,
+                       RowMatrix<T>& probs) {
+  static_assert(std::is_same<typename Derived::Scalar, T>::value,
+                "gpt2::attention: x must have the weights' scalar type (cast it explicitly)");
+  const RowMatrix<T> x_eval = x;
+  detail::check_shape("x", {x_eval.rows(), w.n_embd()}, {x_eval.rows(), x_eval.cols()});
+  RowMatrix<T> out(x_eval.rows(), w.n_embd());
+  probs.resize(w.n_head() * x_eval.rows(), x_eval.rows());
+  Workspace<T> ws(w.config(), x_eval.rows());
+  attention_forward<T>(w, x_eval, ws, out, probs);
+  return out;
+}
+
+}  // namespace gpt2

@@ -1,0 +1,76 @@
+// Steps 4 and 5 of the sublayer: merge the heads, then the output projection.
+//
+//   merged[:, h*head_dim : (h+1)*head_dim] = y_h         (head h's output)   merged [T, C]
+//   out = merged @ c_proj.weight + c_proj.bias            c_proj.weight [C, C] -> out [T, C]
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gpt2/config.hpp"
+#include "gpt2/error.hpp"
+#include "gpt2/gemm.hpp"
+#include "gpt2/qkv.hpp"
+#include "gpt2/types.hpp"
+#include "gpt2/weights.hpp"
+
+namespace gpt2 {
+
+// head_slot(merged, config, h): writable zero-copy view of head h's columns of the merged matrix.
+//   merged [T, C] -> [T, head_dim], the columns h*head_dim ... + head_dim.
+// causal_attention_head writes straight into it, so the merge costs no copy.
+// PyTorch (HF _merge_heads): merged.view(T, n_head, head_dim)[:, h, :]
+template <class Derived>
+MatrixRef<typename Derived::Scalar> head_slot(const Eigen::MatrixBase<Derived>& merged,
+                                              const AttentionConfig& config, Index h) {
+  detail::check_row_major_view(merged);
+  detail::check_head(config, h);
+  detail::check_shape("merged", {merged.rows(), config.n_embd}, {merged.rows(), merged.cols()});
+  // Eigen's idiom for writing through a const MatrixBase& (lets blocks and Refs be passed).
+  Eigen::MatrixBase<Derived>& writable = const_cast<Eigen::MatrixBase<Derived>&>(merged);
+  return writable.derived().middleCols(h * config.head_dim(), config.head_dim());
+}
+
+// merged = concat(heads, dim=1): copies n_head separate head outputs into their slots.
+//   heads: n_head matrices [T, head_dim] (read), merged [T, C] (written)
+// PyTorch: torch.cat(heads, dim=-1)
+// Only needed when the heads were computed into separate buffers; attention_forward writes each
+// head into its slot directly.
+template <class T>
+void merge_heads(const std::vector<RowMatrix<T>>& heads, const AttentionConfig& config,
+                 MatrixRef<T> merged) {
+  config.validate();
+  const Index C = config.n_embd, hd = config.head_dim(), T_ = merged.rows();
+  detail::check_shape("merged", {T_, C}, {merged.rows(), merged.cols()});
+  if (static_cast<Index>(heads.size()) != config.n_head)
+    throw ShapeError("heads: expected " + std::to_string(config.n_head) + " head outputs, got " +
+                     std::to_string(heads.size()));
+  for (Index h = 0; h < config.n_head; ++h) {
+    const RowMatrix<T>& y = heads[static_cast<std::size_t>(h)];
+    detail::check_shape("heads[" + std::to_string(h) + "]", {T_, hd}, {y.rows(), y.cols()});
+    merged.middleCols(h * hd, hd) = y;
+  }
+}
+
+// out = merged @ c_proj.weight + c_proj.bias
+//   merged [T, C] (read), out [T, C] (written)
+// PyTorch: torch.addmm(c_proj.bias, merged, c_proj.weight)
+template <class T>
+void output_projection(const AttentionWeights<T>& w, const ConstMatrixRef<T>& merged,
+                       MatrixRef<T> out, GemmScratch<T>& gemm) {
+  const Index C = w.n_embd(), T_ = merged.rows();
+  detail::check_shape("merged", {T_, C}, {merged.rows(), merged.cols()});
+  detail::check_shape("out", {T_, C}, {out.rows(), out.cols()});
+  out.rowwise() = w.c_proj_bias();
+  gemm_accumulate<T>(T(1), merged, w.c_proj_weight(), Op::None, out, gemm);
+}
+
+// Same, with a one-off GemmScratch (allocates).
+template <class T>
+void output_projection(const AttentionWeights<T>& w, const ConstMatrixRef<T>& merged,
+                       MatrixRef<T> out) {
+  GemmScratch<T> gemm;
+  output_projection<T>(w, merged, out, gemm);
+}
+
+}  // namespace gpt2

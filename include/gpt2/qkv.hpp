@@ -1,0 +1,100 @@
+// Step 1 and 2 of the sublayer: the fused QKV projection and the per-head views into its output.
+//
+//   qkv = x @ c_attn.weight + c_attn.bias          x [T, C], c_attn.weight [C, 3C] -> qkv [T, 3C]
+//
+//   columns of qkv:  [ q: all heads (C) | k: all heads (C) | v: all heads (C) ]
+//                    0                  C                  2C                 3C
+//   head h:          q at h*head_dim,  k at C + h*head_dim,  v at 2C + h*head_dim
+//
+// Three contiguous C-blocks, NOT n_head interleaved [q k v] chunks of 3*head_dim.
+#pragma once
+
+#include <string>
+
+#include "gpt2/config.hpp"
+#include "gpt2/error.hpp"
+#include "gpt2/gemm.hpp"
+#include "gpt2/types.hpp"
+#include "gpt2/weights.hpp"
+
+namespace gpt2 {
+
+// qkv = x @ c_attn.weight + c_attn.bias
+//   x [T, C] (read), qkv [T, 3C] (written; caller-owned storage)
+// PyTorch: torch.addmm(c_attn.bias, x, c_attn.weight)
+// `gemm` holds Eigen's packing buffers; pass the workspace's to make the call allocation-free.
+template <class T>
+void qkv_projection(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, MatrixRef<T> qkv,
+                    GemmScratch<T>& gemm) {
+  const Index C = w.n_embd(), T_ = x.rows();
+  detail::check_shape("x", {T_, C}, {x.rows(), x.cols()});
+  detail::check_shape("qkv", {T_, 3 * C}, {qkv.rows(), qkv.cols()});
+  qkv.rowwise() = w.c_attn_bias();
+  gemm_accumulate<T>(T(1), x, w.c_attn_weight(), Op::None, qkv, gemm);
+}
+
+// Same, with a one-off GemmScratch (allocates).
+template <class T>
+void qkv_projection(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, MatrixRef<T> qkv) {
+  GemmScratch<T> gemm;
+  qkv_projection<T>(w, x, qkv, gemm);
+}
+
+// Which of the three blocks of qkv a head view reads.
+enum class QkvPart { q = 0, k = 1, v = 2 };
+
+namespace detail {
+
+template <class Derived>
+void check_row_major_view(const Eigen::MatrixBase<Derived>&) {
+  static_assert(int(Derived::IsRowMajor) || int(Derived::ColsAtCompileTime) == 1,
+                "gpt2: expected a row-major matrix (a view of another layout would need a copy)");
+  static_assert(int(Derived::InnerStrideAtCompileTime) == 1,
+                "gpt2: expected unit inner stride (a view of strided data would need a copy)");
+}
+
+inline void check_head(const AttentionConfig& config, Index h) {
+  if (h < 0 || h >= config.n_head)
+    throw ShapeError("head: expected an index in [0, " + std::to_string(config.n_head) +
+                     "), got " + std::to_string(h));
+}
+
+}  // namespace detail
+
+// head_view(qkv, config, part, h): zero-copy view of head h's q, k or v.
+//   qkv [T, 3C] -> [T, head_dim], the columns part*C + h*head_dim ... + head_dim.
+//   The view points into qkv (no copy); it is valid while qkv is.
+// PyTorch (HF): qkv.split(C, dim=-1)[part].view(T, n_head, head_dim)[:, h, :]
+template <class Derived>
+ConstMatrixRef<typename Derived::Scalar> head_view(const Eigen::MatrixBase<Derived>& qkv,
+                                                   const AttentionConfig& config, QkvPart part,
+                                                   Index h) {
+  detail::check_row_major_view(qkv);
+  detail::check_head(config, h);
+  const Index C = config.n_embd, hd = config.head_dim();
+  detail::check_shape("qkv", {qkv.rows(), 3 * C}, {qkv.rows(), qkv.cols()});
+  return qkv.derived().middleCols(static_cast<Index>(part) * C + h * hd, hd);
+}
+
+// q of head h: qkv[:, h*head_dim : (h+1)*head_dim]                  [T, head_dim], a view
+template <class Derived>
+ConstMatrixRef<typename Derived::Scalar> q_view(const Eigen::MatrixBase<Derived>& qkv,
+                                                const AttentionConfig& config, Index h) {
+  return head_view(qkv, config, QkvPart::q, h);
+}
+
+// k of head h: qkv[:, C + h*head_dim : C + (h+1)*head_dim]          [T, head_dim], a view
+template <class Derived>
+ConstMatrixRef<typename Derived::Scalar> k_view(const Eigen::MatrixBase<Derived>& qkv,
+                                                const AttentionConfig& config, Index h) {
+  return head_view(qkv, config, QkvPart::k, h);
+}
+
+// v of head h: qkv[:, 2C + h*head_dim : 2C + (h+1)*head_dim]        [T, head_dim], a view
+template <class Derived>
+ConstMatrixRef<typename Derived::Scalar> v_view(const Eigen::MatrixBase<Derived>& qkv,
+                                                const AttentionConfig& config, Index h) {
+  return head_view(qkv, config, QkvPart::v, h);
+}
+
+}  // namespace gpt2
