@@ -3,6 +3,7 @@
 //   "c_attn.weight: expected shape [768, 2304], got [768, 768]".
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <sstream>
@@ -50,6 +51,16 @@ inline std::string shape_string(const std::vector<std::int64_t>& shape) {
 }
 
 // Throws ShapeError "<what>: expected shape [a, b], got [c, d]" unless the two shapes are equal.
+// Allocates nothing unless it throws (it runs on every call of the allocation-free paths).
+inline void check_shape(const char* what, std::initializer_list<std::int64_t> expected,
+                        std::initializer_list<std::int64_t> actual) {
+  if (expected.size() == actual.size() &&
+      std::equal(expected.begin(), expected.end(), actual.begin()))
+    return;
+  throw ShapeError(std::string(what) + ": expected shape " + shape_string(expected) + ", got " +
+                   shape_string(actual));
+}
+
 inline void check_shape(const std::string& what, const std::vector<std::int64_t>& expected,
                         const std::vector<std::int64_t>& actual) {
   if (expected != actual)

@@ -66,20 +66,4 @@ class AttentionWeights {
   const T* c_proj_bias_;
 };
 
-// view(m): a zero-copy ConstMatrixMap over an owning row-major matrix, for building
-// AttentionWeights from plain Eigen matrices. Temporaries and other storage orders are rejected at
-// compile time (a view of them would dangle or need a hidden copy).
-template <class T>
-ConstMatrixMap<T> view(const RowMatrix<T>& m) {
-  return {m.data(), m.rows(), m.cols()};
-}
-template <class T>
-ConstVectorMap<T> view(const RowVector<T>& v) {
-  return {v.data(), v.size()};
-}
-template <class T>
-ConstMatrixMap<T> view(RowMatrix<T>&&) = delete;
-template <class T>
-ConstVectorMap<T> view(RowVector<T>&&) = delete;
-
 }  // namespace gpt2

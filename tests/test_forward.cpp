@@ -1,0 +1,157 @@
+// attention_forward and attention(): the whole sublayer against the naive double reference
+// (small widths; the PyTorch fixtures in test_reference.cpp cover GPT-2 widths and T = 1024).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "gpt2/attention.hpp"
+#include "support/compare.hpp"
+#include "support/reference.hpp"
+
+namespace {
+
+using gpt2::Index;
+using gpt2::RowMatrix;
+using gpt2::RowVector;
+using gpt2::test::near;
+using gpt2::test::Tolerance;
+
+template <class T>
+struct Model {
+  gpt2::AttentionConfig config;
+  RowMatrix<T> c_attn_w, c_proj_w;
+  RowVector<T> c_attn_b, c_proj_b;
+  gpt2::AttentionWeights<T> weights() const {
+    return {config, gpt2::view(c_attn_w), gpt2::view(c_attn_b), gpt2::view(c_proj_w),
+            gpt2::view(c_proj_b)};
+  }
+};
+
+template <class T>
+Model<T> random_model(Index C, Index n_head, unsigned seed) {
+  std::srand(seed);
+  const double s = 1.0 / std::sqrt(double(C));
+  return {{C, n_head},
+          (RowMatrix<double>::Random(C, 3 * C) * (4 * s)).cast<T>(),
+          (RowMatrix<double>::Random(C, C) * s).cast<T>(),
+          (RowVector<double>::Random(3 * C) * 0.1).cast<T>(),
+          (RowVector<double>::Random(C) * 0.1).cast<T>()};
+}
+
+template <class T>
+RowMatrix<T> random_input(Index T_, Index C, unsigned seed) {
+  std::srand(seed);
+  return RowMatrix<double>::Random(T_, C).cast<T>();
+}
+
+template <class T>
+class ForwardTest : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(ForwardTest, Scalars);
+
+TYPED_TEST(ForwardTest, MatchesNaiveReference) {
+  using T = TypeParam;
+  struct Case {
+    Index C, n_head, T;
+  };
+  for (const Case c : {Case{8, 2, 5}, Case{64, 4, 1}, Case{64, 4, 7}, Case{64, 4, 65},
+                       Case{96, 3, 130}, Case{128, 2, 64}}) {
+    SCOPED_TRACE("C=" + std::to_string(c.C) + " n_head=" + std::to_string(c.n_head) +
+                 " T=" + std::to_string(c.T));
+    const Model<T> m = random_model<T>(c.C, c.n_head, 1);
+    const RowMatrix<T> x = random_input<T>(c.T, c.C, 2);
+    const gpt2::test::NaiveAttention ref =
+        gpt2::test::naive_attention(x, m.c_attn_w, m.c_attn_b, m.c_proj_w, m.c_proj_b, c.n_head);
+
+    gpt2::Workspace<T> ws(m.config);
+    RowMatrix<T> out(c.T, c.C), probs(c.n_head * c.T, c.T);
+    gpt2::attention_forward<T>(m.weights(), x, ws, out, probs);
+    EXPECT_TRUE(near(out, ref.out, Tolerance<T>::rel, Tolerance<T>::abs));
+    EXPECT_TRUE(near(probs, ref.probs, Tolerance<T>::rel, Tolerance<T>::abs));
+    EXPECT_TRUE(near(ws.qkv.topRows(c.T), ref.qkv, Tolerance<T>::rel, Tolerance<T>::abs));
+    EXPECT_TRUE(near(ws.merged.topRows(c.T), ref.merged, Tolerance<T>::rel, Tolerance<T>::abs));
+
+    EXPECT_TRUE(gpt2::attention(m.weights(), x) == out) << "front door and forward must agree";
+  }
+}
+
+TYPED_TEST(ForwardTest, RepeatedCallsReuseTheWorkspaceAndGiveTheSameResult) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(64, 4, 3);
+  const RowMatrix<T> x = random_input<T>(40, 64, 4);
+  gpt2::Workspace<T> ws(m.config, 40);
+  const T* qkv = ws.qkv.data();
+  RowMatrix<T> a(40, 64), b(40, 64), c(10, 64);
+  gpt2::attention_forward<T>(m.weights(), x, ws, a);
+  gpt2::attention_forward<T>(m.weights(), x.topRows(10), ws, c);  // shorter T, same workspace
+  gpt2::attention_forward<T>(m.weights(), x, ws, b);
+  EXPECT_TRUE(a == b);
+  EXPECT_EQ(ws.qkv.data(), qkv) << "the workspace must not be reallocated";
+  EXPECT_TRUE(near(c, a.topRows(10), Tolerance<T>::rel, Tolerance<T>::abs))
+      << "causal: the first rows do not depend on later tokens";
+  gpt2::attention_forward<T>(m.weights(), x.topRows(1), ws, c.topRows(1));  // T = 1
+  EXPECT_TRUE(near(c.topRows(1), a.topRows(1), Tolerance<T>::rel, Tolerance<T>::abs));
+}
+
+TYPED_TEST(ForwardTest, OutputMayOverwriteTheInput) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(64, 4, 5);
+  RowMatrix<T> x = random_input<T>(9, 64, 6);
+  const RowMatrix<T> expected = gpt2::attention(m.weights(), x);
+  gpt2::Workspace<T> ws(m.config);
+  gpt2::attention_forward<T>(m.weights(), x, ws, x);
+  EXPECT_TRUE(x == expected);
+}
+
+TYPED_TEST(ForwardTest, FrontDoorTakesAnyEigenExpression) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(32, 2, 7);
+  const RowMatrix<T> x = random_input<T>(6, 32, 8);
+  const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> x_col_major = x;  // other storage order
+  RowMatrix<T> probs;
+  const RowMatrix<T> y1 = gpt2::attention(m.weights(), x);
+  const RowMatrix<T> y2 = gpt2::attention(m.weights(), x_col_major, probs);
+  const RowMatrix<T> y3 = gpt2::attention(m.weights(), x * T(1));
+  EXPECT_TRUE(y1 == y2);
+  EXPECT_TRUE(y1 == y3);
+  EXPECT_EQ(probs.rows(), 2 * 6);
+  EXPECT_EQ(probs.cols(), 6);
+}
+
+TYPED_TEST(ForwardTest, EmptySequenceGivesEmptyOutput) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(16, 2, 9);
+  const RowMatrix<T> x(0, 16);
+  const RowMatrix<T> y = gpt2::attention(m.weights(), x);
+  EXPECT_EQ(y.rows(), 0);
+  EXPECT_EQ(y.cols(), 16);
+}
+
+std::string forward_error(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const gpt2::Error& e) {
+    return e.what();
+  }
+  return "no exception";
+}
+
+TEST(ForwardErrors, ShapesAreNamed) {
+  const Model<float> m = random_model<float>(64, 4, 10);
+  gpt2::Workspace<float> ws(m.config);
+  gpt2::Workspace<float> other(gpt2::AttentionConfig{64, 8});
+  const RowMatrix<float> x = random_input<float>(5, 64, 11), x_bad = random_input<float>(5, 60, 11);
+  RowMatrix<float> out(5, 64), out_bad(4, 64), probs_bad(5, 5);
+  EXPECT_EQ(forward_error([&] { gpt2::attention_forward<float>(m.weights(), x_bad, ws, out); }),
+            "x: expected shape [5, 64], got [5, 60]");
+  EXPECT_EQ(forward_error([&] { gpt2::attention_forward<float>(m.weights(), x, ws, out_bad); }),
+            "out: expected shape [5, 64], got [4, 64]");
+  EXPECT_EQ(forward_error([&] { gpt2::attention_forward<float>(m.weights(), x, ws, out, probs_bad); }),
+            "probs: expected shape [20, 5], got [5, 5]");
+  EXPECT_EQ(forward_error([&] { gpt2::attention_forward<float>(m.weights(), x, other, out); }),
+            "workspace: expected n_embd 64, n_head 4 (the weights'), got n_embd 64, n_head 8");
+  EXPECT_EQ(forward_error([&] { (void)gpt2::attention(m.weights(), x_bad); }),
+            "x: expected shape [5, 64], got [5, 60]");
+}
+
+}  // namespace

@@ -1,0 +1,91 @@
+// A forward with a big-enough Workspace allocates nothing: neither Eigen (checked with
+// EIGEN_RUNTIME_NO_MALLOC, every Eigen heap allocation goes through its check) nor the C++ heap
+// (checked by counting operator new). The detectors are shown to work on a control.
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+// Count failed Eigen assertions instead of aborting, so the test can report them.
+static std::atomic<int> g_eigen_assert_failures{0};
+#define eigen_assert(x) ((x) ? (void)0 : (void)g_eigen_assert_failures.fetch_add(1))
+#define EIGEN_RUNTIME_NO_MALLOC
+
+#include <gtest/gtest.h>
+
+#include "gpt2/attention.hpp"
+
+static std::atomic<long> g_new_calls{0};
+void* operator new(std::size_t n) {
+  g_new_calls.fetch_add(1);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+using gpt2::RowMatrix;
+using gpt2::RowVector;
+
+// Counts allocations (Eigen's and operator new's) made while it is alive.
+class AllocationWatch {
+ public:
+  AllocationWatch() {
+    g_eigen_assert_failures = 0;
+    g_new_calls = 0;
+    Eigen::internal::set_is_malloc_allowed(false);
+  }
+  ~AllocationWatch() { Eigen::internal::set_is_malloc_allowed(true); }
+  int eigen() const { return g_eigen_assert_failures.load(); }
+  long cxx() const { return g_new_calls.load(); }
+};
+
+template <class T>
+class NoAllocTest : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(NoAllocTest, Scalars);
+
+TYPED_TEST(NoAllocTest, ForwardWithReservedWorkspaceAllocatesNothing) {
+  using T = TypeParam;
+  const gpt2::AttentionConfig config{256, 4};
+  std::srand(1);
+  const RowMatrix<T> c_attn_w = RowMatrix<T>::Random(256, 768) * T(0.1),
+                     c_proj_w = RowMatrix<T>::Random(256, 256) * T(0.1);
+  const RowVector<T> c_attn_b = RowVector<T>::Random(768), c_proj_b = RowVector<T>::Random(256);
+  const gpt2::AttentionWeights<T> w(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
+                                    gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+  const RowMatrix<T> x = RowMatrix<T>::Random(200, 256);
+  RowMatrix<T> out(200, 256), probs(4 * 200, 200), out_small(37, 256), probs_small(4 * 37, 37);
+  gpt2::Workspace<T> ws(config, 200);
+  {
+    AllocationWatch watch;
+    gpt2::attention_forward<T>(w, x, ws, out);
+    gpt2::attention_forward<T>(w, x, ws, out, probs);
+    gpt2::attention_forward<T>(w, x.topRows(37), ws, out_small, probs_small);  // shorter T
+    gpt2::attention_forward<T>(w, x.topRows(1), ws, out_small.topRows(1));     // T = 1
+    const int eigen_allocations = watch.eigen();
+    const long new_calls = watch.cxx();
+    EXPECT_EQ(eigen_allocations, 0) << "Eigen heap allocations during the forward";
+    EXPECT_EQ(new_calls, 0) << "operator new calls during the forward";
+  }
+  EXPECT_TRUE(out.allFinite());
+}
+
+TEST(NoAllocControl, DetectorsSeeAllocations) {
+  RowMatrix<float> a = RowMatrix<float>::Random(64, 64), b = RowMatrix<float>::Random(64, 64);
+  int eigen_allocations = 0;
+  long new_calls = 0;
+  {
+    AllocationWatch watch;
+    RowMatrix<float> c = a * b;  // a temporary and Eigen's GEMM packing buffers
+    std::vector<int>* v = new std::vector<int>(3);
+    delete v;
+    eigen_allocations = watch.eigen();
+    new_calls = watch.cxx();
+  }
+  EXPECT_GT(eigen_allocations, 0);
+  EXPECT_GT(new_calls, 0);
+}
+
+}  // namespace
