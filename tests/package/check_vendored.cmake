@@ -1,0 +1,22 @@
+# gpt2_check_vendored(<library source dir>): a parent that vendors gpt2-attention gets the
+# library targets and nothing else: no tests, benchmarks, examples or install rules.
+function(gpt2_check_vendored source_dir)
+  if(NOT TARGET gpt2::attention)
+    message(FATAL_ERROR "vendored gpt2-attention: no target gpt2::attention")
+  endif()
+  get_property(_subdirs DIRECTORY "${source_dir}" PROPERTY SUBDIRECTORIES)
+  if(_subdirs)
+    message(FATAL_ERROR "vendored gpt2-attention added subdirectories: ${_subdirs}")
+  endif()
+  foreach(_target IN ITEMS test_forward gpt2_bench gpt2-attention)
+    if(TARGET ${_target})
+      message(FATAL_ERROR "vendored gpt2-attention defined target ${_target}")
+    endif()
+  endforeach()
+  foreach(_option IN ITEMS GPT2_ATTENTION_BUILD_TESTS GPT2_ATTENTION_BUILD_BENCH
+                           GPT2_ATTENTION_BUILD_EXAMPLES GPT2_ATTENTION_INSTALL GPT2_ATTENTION_NATIVE)
+    if(${_option})
+      message(FATAL_ERROR "vendored gpt2-attention: ${_option} defaults to ON")
+    endif()
+  endforeach()
+endfunction()

@@ -1,0 +1,44 @@
+// A program built against an installed gpt2-attention with the io component (find_package
+// COMPONENTS io): both io headers compile, and a .npy written by gpt2::npy::write reads back
+// bit for bit.
+//   consumer_io <scratch .npy path>
+#include <gpt2/attention.hpp>
+#include <gpt2/npy.hpp>
+#include <gpt2/safetensors.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+int main(int argc, char** argv) {
+  const std::string path = argc > 1 ? argv[1] : "roundtrip.npy";
+
+  const gpt2::AttentionConfig config{64, 4};  // n_embd, n_head
+  const gpt2::Index T = 5;
+  const gpt2::RowMatrix<float> c_attn_w = gpt2::RowMatrix<float>::Random(64, 192);
+  const gpt2::RowVector<float> c_attn_b = gpt2::RowVector<float>::Zero(192);
+  const gpt2::RowMatrix<float> c_proj_w = gpt2::RowMatrix<float>::Random(64, 64);
+  const gpt2::RowVector<float> c_proj_b = gpt2::RowVector<float>::Zero(64);
+  const gpt2::RowMatrix<float> x = gpt2::RowMatrix<float>::Random(T, 64);
+  const gpt2::AttentionWeights<float> weights(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
+                                              gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+  const gpt2::RowMatrix<float> y = gpt2::attention(weights, x);
+
+  gpt2::npy::write<float>(path, y);
+  const gpt2::npy::Array array = gpt2::npy::read(path);
+  const std::vector<std::int64_t> expected_shape{T, config.n_embd};
+  if (array.dtype != gpt2::npy::Dtype::F32 || array.shape != expected_shape) {
+    std::fprintf(stderr, "%s: expected <f4 [%td, %td], got %s %s\n", path.c_str(), T,
+                 config.n_embd, gpt2::npy::dtype_descr(array.dtype),
+                 gpt2::detail::shape_string(array.shape).c_str());
+    return 1;
+  }
+  const gpt2::RowMatrix<float> y_read = array.to_matrix<float>();
+  if (y_read != y) {
+    std::fprintf(stderr, "%s: values differ after the round trip\n", path.c_str());
+    return 1;
+  }
+  std::printf("find_package io consumer: %s round-trips y [%td, %td]\n", path.c_str(), y.rows(),
+              y.cols());
+  return 0;
+}
