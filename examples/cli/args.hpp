@@ -1,0 +1,131 @@
+// Command-line parsing for gpt2-attention: one subcommand followed by flags, each written
+// `--name VALUE` or `--name=VALUE`, each given at most once. `--help` / `-h` anywhere asks for help.
+//
+// A malformed command line is a UsageError (exit status 2); everything found wrong while reading
+// or checking data is a gpt2::Error (exit status 1). See main.cpp.
+#pragma once
+
+#include <cerrno>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gpt2::cli {
+
+// The command line itself is wrong: unknown, missing or repeated flag, flag without a value,
+// a value that is not a number or out of range, an unknown dtype, a stray argument.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The flags of one subcommand, after parse_flags: each known, given once, with a non-empty value.
+class Flags {
+ public:
+  bool help = false;  // --help or -h was given: print the usage, ignore everything else
+
+  bool has(const std::string& name) const { return values_.count(name) != 0; }
+
+  // The value of --name; UsageError "missing required flag --name" when it was not given.
+  const std::string& required(const std::string& name) const {
+    const auto it = values_.find(name);
+    if (it == values_.end()) throw UsageError("missing required flag --" + name);
+    return it->second;
+  }
+
+  // The value of --name, or `fallback` when it was not given.
+  std::string text_or(const std::string& name, const std::string& fallback) const {
+    const auto it = values_.find(name);
+    return it == values_.end() ? fallback : it->second;
+  }
+
+  // --name as an integer in [min, max], or `fallback` when it was not given. UsageError
+  // "--layer: expected an integer in [0, 1000000], got 'x'" for anything else.
+  long long integer_or(const std::string& name, long long fallback, long long min,
+                       long long max) const {
+    const auto it = values_.find(name);
+    if (it == values_.end()) return fallback;
+    const std::string& text = it->second;
+    const std::string expected = "--" + name + ": expected an integer in [" + std::to_string(min) +
+                                 ", " + std::to_string(max) + "], got '" + text + "'";
+    errno = 0;
+    char* end = nullptr;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    const bool whole = end != text.c_str() && *end == '\0' && text.find_first_of(" \t") == std::string::npos;
+    if (!whole || errno == ERANGE || value < min || value > max) throw UsageError(expected);
+    return value;
+  }
+
+  // Records --name=value; UsageError if --name was already given.
+  void set(const std::string& name, const std::string& value) {
+    if (!values_.emplace(name, value).second)
+      throw UsageError("flag --" + name + " given more than once");
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Parses the arguments after the subcommand. `known` lists the flag names without "--".
+//   run --weights W.safetensors --input=X.npy ...  ->  {weights: W.safetensors, input: X.npy, ...}
+// A value may not start with "--" (that is the next flag: the value is missing) and may not be
+// empty. Throws UsageError naming the offending argument.
+inline Flags parse_flags(const std::string& command, const std::vector<std::string>& args,
+                         const std::vector<std::string>& known) {
+  Flags flags;
+  for (const std::string& arg : args)
+    if (arg == "--help" || arg == "-h") {
+      flags.help = true;
+      return flags;
+    }
+  const auto is_known = [&](const std::string& name) {
+    for (const std::string& k : known)
+      if (k == name) return true;
+    return false;
+  };
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0) {
+      if (arg.rfind("-", 0) == 0 && arg.size() > 1)
+        throw UsageError(command + ": unknown flag '" + arg + "'");
+      throw UsageError(command + ": unexpected argument '" + arg + "'");
+    }
+    const std::size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (!is_known(name))
+      throw UsageError(command + ": unknown flag '--" + name + "'");
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      value = args[++i];
+    } else {
+      throw UsageError("flag --" + name + " needs a value");
+    }
+    if (value.empty()) throw UsageError("flag --" + name + " needs a value, got an empty one");
+    flags.set(name, value);
+  }
+  return flags;
+}
+
+// `message` with every line break replaced by a space: errors are reported on one line.
+inline std::string one_line(std::string message) {
+  for (char& c : message)
+    if (c == '\n' || c == '\r') c = ' ';
+  return message;
+}
+
+// Puts a library message about a file into context:
+//   in_context("input", "X.npy", "X.npy: cannot open: No such file or directory")
+//     -> "input X.npy: cannot open: No such file or directory"
+// (the library's own leading "path: " is dropped so the path is not repeated).
+inline std::string in_context(const std::string& role, const std::string& path,
+                              const std::string& message) {
+  const std::string prefix = path + ": ";
+  const std::string rest = message.rfind(prefix, 0) == 0 ? message.substr(prefix.size()) : message;
+  return role + " " + path + ": " + rest;
+}
+
+}  // namespace gpt2::cli

@@ -1,0 +1,72 @@
+// gpt2-attention: command-line front end of the gpt2-attention library.
+//
+//   gpt2-attention run  --weights W.safetensors --input X.npy --output Y.npy [...]   run_command.hpp
+//   gpt2-attention demo [--weights W.safetensors] [...]                              demo_command.hpp
+//   gpt2-attention help | --help | -h                                                usage.hpp
+//
+// Exit status: 0 success, 2 a malformed command line (cli::UsageError), 1 anything wrong with the
+// data (gpt2::Error: files, tensors, shapes, configuration). Errors are one line on stderr,
+// "gpt2-attention: <problem>", and no output file is left behind.
+#include <exception>
+#include <iostream>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "demo_command.hpp"
+#include "run_command.hpp"
+#include "usage.hpp"
+
+namespace {
+
+constexpr int kExitData = 1;
+constexpr int kExitUsage = 2;
+
+void report_error(const std::string& message, bool usage) {
+  std::cerr << "gpt2-attention: " << gpt2::cli::one_line(message)
+            << (usage ? " (see gpt2-attention --help)" : "") << std::endl;
+}
+
+// Dispatches on the subcommand; returns the exit status or throws.
+int dispatch(const std::vector<std::string>& args) {
+  using namespace gpt2::cli;
+  if (args.empty()) {
+    std::cerr << usage_text();
+    return kExitUsage;
+  }
+  const std::string& command = args.front();
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (command == "help" || command == "--help" || command == "-h") {
+    std::cout << usage_text();
+    return 0;
+  }
+  if (command != "run" && command != "demo") {
+    if (command.rfind("-", 0) == 0)
+      throw UsageError("expected a command (run, demo or help) before '" + command + "'");
+    throw UsageError("unknown command '" + command + "' (expected run, demo or help)");
+  }
+  const Flags flags = parse_flags(command, rest, command == "run" ? kRunFlags : kDemoFlags);
+  if (flags.help) {
+    std::cout << usage_text();
+    return 0;
+  }
+  return command == "run" ? run_command(flags) : demo_command(flags, std::cout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return dispatch(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const gpt2::cli::UsageError& e) {
+    report_error(e.what(), true);
+    return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    report_error("out of memory", false);
+    return kExitData;
+  } catch (const std::exception& e) {  // gpt2::Error and anything else: the data
+    report_error(e.what(), false);
+    return kExitData;
+  }
+}

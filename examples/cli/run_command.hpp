@@ -1,0 +1,156 @@
+// gpt2-attention run: one layer's attention sublayer on X [T, C] from a .npy file.
+//
+//   Y = attention(c_attn, c_proj of layer L)(X)     X [T, C] -> Y [T, C]  (and probs [n_head, T, T])
+//
+// Everything is read, checked and computed in memory first; the files are written last, all or
+// nothing (output_files.hpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "gpt2/attention.hpp"
+#include "gpt2/npy.hpp"
+#include "gpt2/safetensors.hpp"
+#include "output_files.hpp"
+
+namespace gpt2::cli {
+
+inline const std::vector<std::string> kRunFlags = {"weights", "layer", "input", "output",
+                                                   "n-head",  "dtype", "probs"};
+
+enum class Precision { f32, f64 };
+
+// What `run` was asked to do, checked as far as the command line alone allows.
+struct RunOptions {
+  std::string weights, input, output;
+  std::string probs;  // empty: not requested
+  int layer = 0;
+  Index n_head = 0;  // 0: n_embd / 64
+  Precision precision = Precision::f32;
+};
+
+// --dtype f32|f64 (default f32).
+inline Precision parse_precision(const Flags& flags) {
+  const std::string dtype = flags.text_or("dtype", "f32");
+  if (dtype == "f32") return Precision::f32;
+  if (dtype == "f64") return Precision::f64;
+  throw UsageError("--dtype: expected f32 or f64, got '" + dtype + "'");
+}
+
+inline RunOptions parse_run_options(const Flags& flags) {
+  RunOptions o;
+  o.weights = flags.required("weights");
+  o.input = flags.required("input");
+  o.output = flags.required("output");
+  o.probs = flags.text_or("probs", "");
+  o.layer = static_cast<int>(flags.integer_or("layer", 0, 0, 1000000));
+  o.n_head = static_cast<Index>(flags.integer_or("n-head", 0, 1, 1000000));
+  o.precision = parse_precision(flags);
+  if (o.probs == o.output)
+    throw UsageError("--output and --probs name the same file '" + o.output + "'");
+  return o;
+}
+
+// Opens the checkpoint; errors read "weights W.safetensors: <problem>".
+inline safetensors::File open_weights(const std::string& path) {
+  try {
+    return safetensors::File::open(path);
+  } catch (const Error& e) {
+    throw Error(in_context("weights", path, e.what()));
+  }
+}
+
+// Layer `layer`'s attention weights as T (converted when the file stores another dtype).
+template <class T>
+safetensors::LoadedAttention<T> load_layer(const safetensors::File& file, int layer, Index n_head) {
+  try {
+    return safetensors::load_attention<T>(file, layer, n_head);
+  } catch (const Error& e) {
+    throw Error(in_context("weights", file.label(), e.what()));
+  }
+}
+
+// X [T, n_embd] from a 2-D float32 or float64 .npy file, converted to T.
+template <class T>
+RowMatrix<T> read_input(const std::string& path, Index n_embd) {
+  npy::Array array;
+  try {
+    array = npy::read(path);
+  } catch (const Error& e) {
+    throw Error(in_context("input", path, e.what()));
+  }
+  const std::string expected = "[T, " + std::to_string(n_embd) + "]";
+  if (array.shape.size() != 2)
+    throw ShapeError("input " + path + ": expected a 2-D array " + expected + ", got shape " +
+                     detail::shape_string(array.shape));
+  if (array.shape[1] != n_embd)
+    throw ShapeError("input " + path + ": expected shape " + expected + ", got " +
+                     detail::shape_string(array.shape));
+  return array.to_matrix<T>();
+}
+
+// The results of one run, all in memory.
+template <class T>
+struct RunResult {
+  RowMatrix<T> out;    // [T, C]
+  RowMatrix<T> probs;  // [n_head * T, T] = [n_head, T, T], or empty when not requested
+  Index n_head = 0;
+};
+
+// Loads, reads and computes everything `o` asks for, in precision T. Writes nothing.
+template <class T>
+RunResult<T> compute_run(const RunOptions& o) {
+  const safetensors::File file = open_weights(o.weights);
+  const safetensors::LoadedAttention<T> loaded = load_layer<T>(file, o.layer, o.n_head);
+  const AttentionWeights<T>& w = loaded.weights();
+  const RowMatrix<T> x = read_input<T>(o.input, w.n_embd());
+
+  const Index T_ = x.rows();
+  RunResult<T> r;
+  r.n_head = w.n_head();
+  r.out.resize(T_, w.n_embd());
+  Workspace<T> ws(w.config(), T_);
+  if (o.probs.empty()) {
+    attention_forward<T>(w, x, ws, r.out);
+  } else {
+    r.probs.resize(w.n_head() * T_, T_);
+    attention_forward<T>(w, x, ws, r.out, r.probs);
+  }
+  return r;
+}
+
+// Writes Y (and the probabilities) as .npy files of T's dtype, both or neither.
+template <class T>
+void write_run_result(const RunOptions& o, const RunResult<T>& r) {
+  std::vector<PendingFile> files;
+  files.push_back({"output", o.output, [&](const std::string& path) { npy::write<T>(path, r.out); }});
+  if (!o.probs.empty()) {
+    const auto T_ = static_cast<std::int64_t>(r.out.rows());
+    const std::vector<std::int64_t> shape = {static_cast<std::int64_t>(r.n_head), T_, T_};
+    files.push_back({"probs", o.probs, [&r, shape](const std::string& path) {
+                       npy::write<T>(path, r.probs.data(), shape);
+                     }});
+  }
+  write_all_or_nothing(files);
+}
+
+template <class T>
+void run_in_precision(const RunOptions& o) {
+  const RunResult<T> result = compute_run<T>(o);
+  write_run_result<T>(o, result);
+}
+
+// gpt2-attention run ...; returns the exit status (errors are thrown).
+inline int run_command(const Flags& flags) {
+  const RunOptions o = parse_run_options(flags);
+  if (o.precision == Precision::f32)
+    run_in_precision<float>(o);
+  else
+    run_in_precision<double>(o);
+  return 0;
+}
+
+}  // namespace gpt2::cli

@@ -1,0 +1,613 @@
+// Tests of the gpt2-attention command-line tool (examples/cli). Each test runs the built binary
+// (GPT2_CLI_PATH) with fork/exec in its own temporary directory, with stdout and stderr captured
+// to files kept elsewhere, and checks the files it writes against the library, its exit status and
+// its one-line error messages.
+//
+// Tolerances: the CLI and these tests call the same library functions on the same data, so the
+// results are normally bitwise equal; but they are two separately compiled programs, and the
+// compiler may contract or order floating-point operations differently in each, so the comparison
+// allows max|diff| <= 1e-6 * max|expected| in float (about 8 ulp of the largest value) and 1e-12 *
+// max|expected| in double (a margin far below any real error, far above reordering noise).
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "gpt2/attention.hpp"
+#include "gpt2/npy.hpp"
+#include "gpt2/safetensors.hpp"
+#include "support/compare.hpp"
+
+#ifndef GPT2_CLI_PATH
+#error "GPT2_CLI_PATH must name the gpt2-attention executable"
+#endif
+
+namespace {
+
+using gpt2::Index;
+using gpt2::RowMatrix;
+using gpt2::RowVector;
+
+constexpr Index kC = 64;       // n_embd of the synthetic layers
+constexpr Index kHeads = 4;    // passed with --n-head (the default would be C / 64 = 1)
+constexpr Index kT = 9;        // tokens of the synthetic input
+constexpr double kFloatTol = 1e-6;
+constexpr double kDoubleTol = 1e-12;
+
+// ---------------------------------------------------------------------------------------------
+// Files and processes
+// ---------------------------------------------------------------------------------------------
+
+// A fresh directory under the system temp directory, removed with its contents.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "gpt2-cli-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed: " + tmpl);
+    path_ = tmpl;
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+  // Every entry, hidden ones included, sorted.
+  std::vector<std::string> list() const {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(path_))
+      names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+struct CliResult {
+  int status = -1;  // exit status, or 128 + signal
+  std::string out, err;
+};
+
+// Runs the CLI with `args` in directory `cwd`; stdout and stderr go to files in another directory,
+// so that `cwd` holds only what the CLI itself writes.
+CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd) {
+  const ScratchDir logs;
+  const std::string out_path = logs.file("stdout"), err_path = logs.file("stderr");
+  std::vector<std::string> argv_strings = {GPT2_CLI_PATH};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0 || ::chdir(cwd.c_str()) != 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0)
+      ::_exit(127);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0)
+    if (errno != EINTR) throw std::runtime_error("waitpid failed");
+  CliResult r;
+  r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  r.out = read_text(out_path);
+  r.err = read_text(err_path);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Synthetic checkpoints
+// ---------------------------------------------------------------------------------------------
+
+struct Tensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;  // stored as F32
+};
+
+// A safetensors file with the tensors in order (header padded with spaces to 8 bytes).
+void write_safetensors(const std::string& path, const std::vector<Tensor>& tensors) {
+  std::string header = "{", data;
+  for (const Tensor& t : tensors) {
+    std::string shape;
+    for (std::size_t i = 0; i < t.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(t.shape[i]);
+    const std::size_t begin = data.size();
+    data.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+    header += (header.size() > 1 ? "," : "") + std::string("\"") + t.name +
+              "\":{\"dtype\":\"F32\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+              std::to_string(begin) + "," + std::to_string(data.size()) + "]}";
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  write_bytes(path, bytes + header + data);
+}
+
+RowMatrix<float> random_matrix(std::mt19937& rng, Index rows, Index cols, float scale) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  RowMatrix<float> m(rows, cols);
+  for (Index i = 0; i < m.size(); ++i) m.data()[i] = u(rng);
+  return m;
+}
+
+std::vector<float> values(const RowMatrix<float>& m) { return {m.data(), m.data() + m.size()}; }
+
+// One attention sublayer's weights (float, as stored in the file).
+struct Layer {
+  RowMatrix<float> c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias;  // biases [1, n]
+
+  static Layer random(unsigned seed) {
+    std::mt19937 rng(seed);
+    Layer l;
+    l.c_attn_weight = random_matrix(rng, kC, 3 * kC, 0.3f);
+    l.c_attn_bias = random_matrix(rng, 1, 3 * kC, 0.1f);
+    l.c_proj_weight = random_matrix(rng, kC, kC, 0.2f);
+    l.c_proj_bias = random_matrix(rng, 1, kC, 0.1f);
+    return l;
+  }
+
+  // The four tensors under `prefix` (e.g. "h.0.attn." or "transformer.h.0.attn.").
+  std::vector<Tensor> tensors(const std::string& prefix) const {
+    return {{prefix + "c_attn.weight", {kC, 3 * kC}, values(c_attn_weight)},
+            {prefix + "c_attn.bias", {3 * kC}, values(c_attn_bias)},
+            {prefix + "c_proj.weight", {kC, kC}, values(c_proj_weight)},
+            {prefix + "c_proj.bias", {kC}, values(c_proj_bias)}};
+  }
+
+  // The library's output (and probabilities) in precision T, weights converted to T.
+  template <class T>
+  RowMatrix<T> forward(const RowMatrix<T>& x, Index n_head, RowMatrix<T>* probs = nullptr) const {
+    const RowMatrix<T> cw = c_attn_weight.cast<T>(), cb = c_attn_bias.cast<T>(),
+                       pw = c_proj_weight.cast<T>(), pb = c_proj_bias.cast<T>();
+    const gpt2::AttentionWeights<T> w(gpt2::make_config(kC, n_head), gpt2::view(cw),
+                                      gpt2::ConstVectorMap<T>(cb.data(), cb.size()), gpt2::view(pw),
+                                      gpt2::ConstVectorMap<T>(pb.data(), pb.size()));
+    return probs ? gpt2::attention(w, x, *probs) : gpt2::attention(w, x);
+  }
+};
+
+// Reads a .npy file, checking its dtype and shape.
+template <class T>
+std::vector<T> read_npy(const std::string& path, const std::vector<std::int64_t>& shape) {
+  const gpt2::npy::Array a = gpt2::npy::read(path);
+  EXPECT_EQ(a.dtype, gpt2::npy::dtype_of<T>()) << path;
+  EXPECT_EQ(a.shape, shape) << path;
+  return a.to_vector<T>();
+}
+
+template <class T>
+RowMatrix<T> read_npy_matrix(const std::string& path, Index rows, Index cols) {
+  const std::vector<T> v = read_npy<T>(path, {rows, cols});
+  if (static_cast<Index>(v.size()) != rows * cols) return RowMatrix<T>();
+  return Eigen::Map<const RowMatrix<T>>(v.data(), rows, cols);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixture: a directory holding w.safetensors (layers 0 and 1) and x.npy [kT, kC]
+// ---------------------------------------------------------------------------------------------
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<Tensor> tensors = layer0.tensors("h.0.attn.");
+    for (Tensor& t : layer1.tensors("h.1.attn.")) tensors.push_back(std::move(t));
+    write_safetensors(file("w.safetensors"), tensors);
+    gpt2::npy::write<float>(file("x.npy"), x);
+  }
+
+  std::string file(const std::string& name) const { return dir.file(name); }
+  CliResult cli(const std::vector<std::string>& args) const { return run_cli(args, dir.path()); }
+
+  // run --weights w.safetensors --input x.npy --output y.npy --n-head 4, plus `extra`.
+  CliResult run_default(const std::vector<std::string>& extra = {}) const {
+    std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "x.npy",
+                                     "--output", "y.npy", "--n-head", std::to_string(kHeads)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return cli(args);
+  }
+
+  ScratchDir dir;
+  Layer layer0 = Layer::random(1), layer1 = Layer::random(2);
+  RowMatrix<float> x = [] {
+    std::mt19937 rng(3);
+    return random_matrix(rng, kT, kC, 1.0f);
+  }();
+};
+
+// Exit status 0 and nothing on stderr.
+#define EXPECT_SUCCESS(r)                                \
+  do {                                                   \
+    EXPECT_EQ((r).status, 0) << "stderr: " << (r).err;   \
+    EXPECT_EQ((r).err, "");                              \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// run: results
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CliTest, RunFloatMatchesLibrary) {
+  const CliResult r = run_default();
+  EXPECT_SUCCESS(r);
+  const RowMatrix<float> y = read_npy_matrix<float>(file("y.npy"), kT, kC);
+  EXPECT_TRUE(gpt2::test::near(y, layer0.forward<float>(x, kHeads), kFloatTol));
+}
+
+TEST_F(CliTest, RunDefaultHeadCountIsEmbdOver64) {
+  const CliResult r = cli({"run", "--weights", "w.safetensors", "--input", "x.npy", "--output", "y.npy"});
+  EXPECT_SUCCESS(r);
+  const RowMatrix<float> y = read_npy_matrix<float>(file("y.npy"), kT, kC);
+  EXPECT_TRUE(gpt2::test::near(y, layer0.forward<float>(x, kC / 64), kFloatTol));
+  EXPECT_FALSE(gpt2::test::near(y, layer0.forward<float>(x, kHeads), kFloatTol));
+}
+
+TEST_F(CliTest, RunDoubleComputesInDouble) {
+  const CliResult r = run_default({"--dtype", "f64"});
+  EXPECT_SUCCESS(r);
+  const RowMatrix<double> y = read_npy_matrix<double>(file("y.npy"), kT, kC);
+  const RowMatrix<double> expected = layer0.forward<double>(x.cast<double>(), kHeads);
+  EXPECT_TRUE(gpt2::test::near(y, expected, kDoubleTol));
+  // Really double: the float result differs from it by far more than the tolerance.
+  EXPECT_FALSE(gpt2::test::near(layer0.forward<float>(x, kHeads).cast<double>(), expected, kDoubleTol));
+}
+
+TEST_F(CliTest, RunProbsShapeRowsAndValues) {
+  for (const std::string dtype : {"f32", "f64"}) {
+    SCOPED_TRACE("--dtype " + dtype);
+    const CliResult r = run_default({"--probs", "p.npy", "--dtype", dtype});
+    EXPECT_SUCCESS(r);
+    RowMatrix<double> probs;  // [n_head * T, T]
+    if (dtype == "f32") {
+      const std::vector<float> p = read_npy<float>(file("p.npy"), {kHeads, kT, kT});
+      RowMatrix<float> expected;
+      layer0.forward<float>(x, kHeads, &expected);
+      ASSERT_EQ(static_cast<Index>(p.size()), expected.size());
+      probs = Eigen::Map<const RowMatrix<float>>(p.data(), kHeads * kT, kT).cast<double>();
+      EXPECT_TRUE(gpt2::test::near(probs, expected.cast<double>(), kFloatTol));
+    } else {
+      const std::vector<double> p = read_npy<double>(file("p.npy"), {kHeads, kT, kT});
+      RowMatrix<double> expected;
+      layer0.forward<double>(x.cast<double>(), kHeads, &expected);
+      ASSERT_EQ(static_cast<Index>(p.size()), expected.size());
+      probs = Eigen::Map<const RowMatrix<double>>(p.data(), kHeads * kT, kT);
+      EXPECT_TRUE(gpt2::test::near(probs, expected, kDoubleTol));
+    }
+    for (Index row = 0; row < probs.rows(); ++row) {
+      const Index t = row % kT;
+      EXPECT_NEAR(probs.row(row).sum(), 1.0, 1e-5) << "row " << row;
+      for (Index s = t + 1; s < kT; ++s) EXPECT_EQ(probs(row, s), 0.0) << "row " << row << " key " << s;
+    }
+  }
+}
+
+TEST_F(CliTest, RunLayerPicksTheLayersTensors) {
+  const CliResult r = run_default({"--layer", "1"});
+  EXPECT_SUCCESS(r);
+  const RowMatrix<float> y = read_npy_matrix<float>(file("y.npy"), kT, kC);
+  EXPECT_TRUE(gpt2::test::near(y, layer1.forward<float>(x, kHeads), kFloatTol));
+  EXPECT_FALSE(gpt2::test::near(y, layer0.forward<float>(x, kHeads), kFloatTol));
+}
+
+TEST_F(CliTest, RunAcceptsTheTransformerPrefix) {
+  write_safetensors(file("hf.safetensors"), layer1.tensors("transformer.h.0.attn."));
+  const CliResult r = cli({"run", "--weights", "hf.safetensors", "--input", "x.npy", "--output",
+                           "y.npy", "--n-head", "4"});
+  EXPECT_SUCCESS(r);
+  const RowMatrix<float> y = read_npy_matrix<float>(file("y.npy"), kT, kC);
+  EXPECT_TRUE(gpt2::test::near(y, layer1.forward<float>(x, kHeads), kFloatTol));
+}
+
+TEST_F(CliTest, RunFloat64InputIsComputedInFloat) {
+  const RowMatrix<double> x64 = x.cast<double>() * (1.0 + 1e-9);  // not representable in float
+  gpt2::npy::write<double>(file("x64.npy"), x64);
+  const CliResult r = cli({"run", "--weights", "w.safetensors", "--input", "x64.npy", "--output",
+                           "y.npy", "--n-head", "4"});
+  EXPECT_SUCCESS(r);
+  const RowMatrix<float> y = read_npy_matrix<float>(file("y.npy"), kT, kC);
+  EXPECT_TRUE(gpt2::test::near(y, layer0.forward<float>(x64.cast<float>(), kHeads), kFloatTol));
+}
+
+TEST_F(CliTest, RunEmptySequenceGivesAnEmptyOutput) {
+  gpt2::npy::write<float>(file("x0.npy"), RowMatrix<float>(0, kC));
+  const CliResult r = cli({"run", "--weights", "w.safetensors", "--input", "x0.npy", "--output",
+                           "y.npy", "--n-head", "4", "--probs", "p.npy"});
+  EXPECT_SUCCESS(r);
+  EXPECT_TRUE(read_npy<float>(file("y.npy"), {0, kC}).empty());
+  EXPECT_TRUE(read_npy<float>(file("p.npy"), {kHeads, 0, 0}).empty());
+}
+
+TEST_F(CliTest, RunAcceptsFlagEqualsValue) {
+  EXPECT_SUCCESS(run_default({"--layer", "1", "--probs", "p.npy"}));
+  const CliResult r = cli({"run", "--weights=w.safetensors", "--layer=1", "--input=x.npy",
+                           "--output=y2.npy", "--n-head=4", "--dtype=f32", "--probs=p2.npy"});
+  EXPECT_SUCCESS(r);
+  EXPECT_EQ(read_text(file("y2.npy")), read_text(file("y.npy")));
+  EXPECT_EQ(read_text(file("p2.npy")), read_text(file("p.npy")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// help and usage
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CliTest, HelpPrintsUsageToStdout) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--help"}, {"-h"}, {"help"}, {"run", "--help"},
+                                             {"demo", "-h"}, {"run", "--weights=x", "-h"}}) {
+    SCOPED_TRACE(args.back());
+    const CliResult r = cli(args);
+    EXPECT_EQ(r.status, 0);
+    EXPECT_NE(r.out.find("usage: gpt2-attention run"), std::string::npos);
+    EXPECT_NE(r.out.find("gpt2-attention demo"), std::string::npos);
+    EXPECT_EQ(r.err, "");
+  }
+}
+
+TEST_F(CliTest, NoCommandPrintsUsageToStderr) {
+  const CliResult r = cli({});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("usage: gpt2-attention"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input: exit status, one line naming the problem, nothing left behind
+// ---------------------------------------------------------------------------------------------
+
+struct BadCase {
+  std::vector<std::string> args;
+  int status;                         // 2: command line, 1: data
+  std::vector<std::string> keywords;  // each must occur in the message
+};
+
+// The run command with the defaults, the flag `name` replaced by (or added as) `value`.
+std::vector<std::string> run_with(const std::vector<std::pair<std::string, std::string>>& changes) {
+  std::vector<std::pair<std::string, std::string>> flags = {
+      {"--weights", "w.safetensors"}, {"--input", "x.npy"}, {"--output", "Y.npy"}, {"--n-head", "4"}};
+  for (const std::pair<std::string, std::string>& change : changes) {
+    const auto it = std::find_if(flags.begin(), flags.end(),
+                                 [&](const auto& f) { return f.first == change.first; });
+    if (it == flags.end())
+      flags.push_back(change);
+    else
+      it->second = change.second;
+  }
+  std::vector<std::string> args = {"run"};
+  for (const auto& [name, value] : flags) {
+    if (value == "<drop>") continue;
+    args.push_back(name);
+    if (value != "<none>") args.push_back(value);
+  }
+  return args;
+}
+
+std::vector<BadCase> bad_cases() {
+  const auto run = [](std::vector<std::pair<std::string, std::string>> c) { return run_with(c); };
+  return {
+      // The command line alone is wrong: 2.
+      {{"frobnicate"}, 2, {"unknown command", "frobnicate"}},
+      {{"--weights", "w.safetensors"}, 2, {"command", "--weights"}},
+      {run({{"--bogus", "1"}}), 2, {"unknown flag", "--bogus"}},
+      {run({{"-x", "<none>"}}), 2, {"unknown flag", "-x"}},
+      {run({{"--weights", "<drop>"}}), 2, {"missing", "--weights"}},
+      {run({{"--input", "<drop>"}}), 2, {"missing", "--input"}},
+      {run({{"--output", "<drop>"}}), 2, {"missing", "--output"}},
+      {{"run", "--weights", "w.safetensors", "--input", "x.npy", "--output", "Y.npy", "--layer", "0",
+        "--layer", "1"}, 2, {"--layer", "more than once"}},
+      {run({{"--probs", "<none>"}}), 2, {"--probs", "needs a value"}},
+      {{"run", "--weights", "--input", "x.npy", "--output", "Y.npy"}, 2, {"--weights", "needs a value"}},
+      {{"run", "--weights=w.safetensors", "--input=x.npy", "--output="}, 2, {"--output", "value"}},
+      {run({{"--layer", "x1"}}), 2, {"--layer", "integer", "x1"}},
+      {run({{"--layer", "-1"}}), 2, {"--layer", "-1"}},
+      {run({{"--n-head", "0"}}), 2, {"--n-head", "0"}},
+      {run({{"--n-head", "2.5"}}), 2, {"--n-head", "2.5"}},
+      {run({{"--dtype", "f16"}}), 2, {"--dtype", "f16"}},
+      {{"run", "stray", "--weights", "w.safetensors"}, 2, {"unexpected argument", "stray"}},
+      {run({{"--probs", "Y.npy"}}), 2, {"--output", "--probs", "same file"}},
+      {{"demo", "--tokens", "0"}, 2, {"--tokens", "0"}},
+      {{"demo", "--bogus", "1"}, 2, {"unknown flag", "--bogus"}},
+      // The data are wrong: 1.
+      {run({{"--n-head", "3"}}), 1, {"n_head", "divisor", "64", "3"}},
+      {run({{"--weights", "nope.safetensors"}}), 1, {"weights", "nope.safetensors", "No such file"}},
+      {run({{"--weights", "garbage.safetensors"}}), 1, {"weights", "garbage.safetensors"}},
+      {run({{"--weights", "partial.safetensors"}}), 1, {"partial.safetensors", "c_proj.bias"}},
+      {run({{"--layer", "2"}}), 1, {"layer 2", "h.2.attn.c_attn.weight"}},
+      {run({{"--input", "missing.npy"}}), 1, {"input", "missing.npy", "No such file"}},
+      {run({{"--input", "bad.npy"}}), 1, {"input", "bad.npy", "not a .npy file"}},
+      {run({{"--input", "x3.npy"}}), 1, {"input", "x3.npy", "2-D", "[2, 3, 64]"}},
+      {run({{"--input", "x60.npy"}}), 1, {"input", "x60.npy", "expected shape [T, 64], got [5, 60]"}},
+      {run({{"--output", "nodir/Y.npy"}}), 1, {"output", "nodir/Y.npy"}},
+      {run({{"--probs", "nodir/P.npy"}}), 1, {"probs", "nodir/P.npy"}},
+      {run({{"--probs", "adir"}}), 1, {"probs", "adir", "directory"}},
+      {{"demo", "--layer", "1"}, 1, {"embedded model", "layer 1"}},
+      {{"demo", "--n-head", "5"}, 1, {"n_head", "768", "5"}},
+      {{"demo", "--weights", "w.safetensors", "--n-head", "4"}, 1, {"w.safetensors", "wpe.weight"}},
+      {{"demo", "--weights", "nope.safetensors"}, 1, {"nope.safetensors", "No such file"}},
+  };
+}
+
+TEST_F(CliTest, BadInputFailsCleanly) {
+  write_bytes(file("garbage.safetensors"), "this is not a safetensors file at all");
+  write_bytes(file("bad.npy"), "neither is this a .npy file");
+  std::vector<Tensor> partial = layer0.tensors("h.0.attn.");
+  partial.pop_back();  // no c_proj.bias
+  write_safetensors(file("partial.safetensors"), partial);
+  gpt2::npy::write<float>(file("x3.npy"), std::vector<float>(2 * 3 * kC).data(), {2, 3, kC});
+  gpt2::npy::write<float>(file("x60.npy"), RowMatrix<float>::Zero(5, 60));
+  std::filesystem::create_directory(file("adir"));
+  const std::vector<std::string> before = dir.list();
+
+  for (const BadCase& c : bad_cases()) {
+    std::string command;
+    for (const std::string& a : c.args) command += " " + a;
+    SCOPED_TRACE("gpt2-attention" + command);
+    const CliResult r = cli(c.args);
+    EXPECT_EQ(r.status, c.status) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err.rfind("gpt2-attention: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.back(), '\n');
+    for (const std::string& k : c.keywords) EXPECT_NE(r.err.find(k), std::string::npos) << k << " in " << r.err;
+    EXPECT_EQ(dir.list(), before) << "files were left behind";
+  }
+}
+
+TEST_F(CliTest, FailedSecondWriteKeepsThePreviousOutput) {
+  write_bytes(file("Y.npy"), "previous content");
+  const CliResult r = cli(run_with({{"--probs", "nodir/P.npy"}}));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(read_text(file("Y.npy")), "previous content");
+  const std::vector<std::string> expected = {"Y.npy", "w.safetensors", "x.npy"};
+  EXPECT_EQ(dir.list(), expected);
+}
+
+// ---------------------------------------------------------------------------------------------
+// demo
+// ---------------------------------------------------------------------------------------------
+
+struct HeadRow {
+  int head = -1;
+  std::string job, designed;
+};
+
+// The table rows "<head> <prev> <first> <self> <mean dist> <evenness> <job> [<designed>]".
+std::vector<HeadRow> head_rows(const std::string& text) {
+  std::vector<HeadRow> rows;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    HeadRow row;
+    double prev, first, self, distance, evenness;
+    if (fields >> row.head >> prev >> first >> self >> distance >> evenness >> row.job) {
+      fields >> row.designed;
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+TEST_F(CliTest, DemoEmbeddedHeadsDoTheirDesignedJobs) {
+  const CliResult r = cli({"demo"});
+  EXPECT_SUCCESS(r);
+  const std::vector<HeadRow> rows = head_rows(r.out);
+  ASSERT_EQ(rows.size(), 12u) << r.out;
+  const std::vector<std::string> jobs = {"previous-token", "first-token", "self", "even"};
+  for (int h = 0; h < 12; ++h) {
+    EXPECT_EQ(rows[static_cast<std::size_t>(h)].head, h);
+    EXPECT_EQ(rows[static_cast<std::size_t>(h)].job, jobs[static_cast<std::size_t>(h % 4)]) << r.out;
+    EXPECT_EQ(rows[static_cast<std::size_t>(h)].designed, jobs[static_cast<std::size_t>(h % 4)]);
+  }
+  EXPECT_NE(r.out.find("GFLOP/s"), std::string::npos);
+  EXPECT_NE(r.out.find("median of"), std::string::npos);
+  EXPECT_NE(r.out.find("FLOP = 2*T*C*3C + 2*T*C*C + 2*2*n_head*head_dim*T*(T+1)/2"), std::string::npos);
+}
+
+TEST_F(CliTest, DemoEmbeddedHoldsItsJobsOverLongerSequences) {
+  const CliResult r = cli({"demo", "--tokens=256"});
+  EXPECT_SUCCESS(r);
+  const std::vector<HeadRow> rows = head_rows(r.out);
+  ASSERT_EQ(rows.size(), 12u) << r.out;
+  for (const HeadRow& row : rows) EXPECT_EQ(row.job, row.designed) << r.out;
+}
+
+// A checkpoint with wpe [32, C], ln_1 and the attention of layer 0, under `prefix`.
+void write_demo_checkpoint(const std::string& path, const Layer& layer, const std::string& prefix) {
+  std::mt19937 rng(7);
+  std::vector<Tensor> tensors = layer.tensors(prefix + "h.0.attn.");
+  tensors.push_back({prefix + "wpe.weight", {32, kC}, values(random_matrix(rng, 32, kC, 1.0f))});
+  tensors.push_back({prefix + "h.0.ln_1.weight", {kC}, values(random_matrix(rng, 1, kC, 1.0f))});
+  tensors.push_back({prefix + "h.0.ln_1.bias", {kC}, values(random_matrix(rng, 1, kC, 0.1f))});
+  write_safetensors(path, tensors);
+}
+
+TEST_F(CliTest, DemoOnACheckpoint) {
+  for (const std::string prefix : {"", "transformer."}) {
+    SCOPED_TRACE("prefix '" + prefix + "'");
+    write_demo_checkpoint(file("demo.safetensors"), layer0, prefix);
+    const CliResult r = cli({"demo", "--weights", "demo.safetensors", "--tokens", "16", "--n-head", "4"});
+    EXPECT_SUCCESS(r);
+    const std::vector<HeadRow> rows = head_rows(r.out);
+    ASSERT_EQ(rows.size(), 4u) << r.out;
+    for (const HeadRow& row : rows) EXPECT_EQ(row.designed, "") << "a checkpoint has no designed jobs";
+  }
+  const CliResult too_long = cli({"demo", "--weights", "demo.safetensors", "--tokens", "33", "--n-head", "4"});
+  EXPECT_EQ(too_long.status, 1);
+  EXPECT_NE(too_long.err.find("wpe.weight"), std::string::npos) << too_long.err;
+  EXPECT_NE(too_long.err.find("33"), std::string::npos) << too_long.err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Real GPT-2 small layer 0 (optional)
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CliTest, RealGpt2Layer0) {
+  const char* weights = std::getenv("GPT2_SMALL_WEIGHTS");
+  if (weights == nullptr || *weights == '\0')
+    GTEST_SKIP() << "GPT2_SMALL_WEIGHTS not set: skipping the real GPT-2 weights test";
+
+  const CliResult demo = cli({"demo", "--weights", weights});
+  EXPECT_SUCCESS(demo);
+  const std::vector<HeadRow> rows = head_rows(demo.out);
+  ASSERT_EQ(rows.size(), 12u) << demo.out;
+  // Position alone drives some heads of layer 0: one attends to the first token, one to itself.
+  EXPECT_EQ(std::count_if(rows.begin(), rows.end(), [](const HeadRow& h) { return h.job == "first-token"; }), 1);
+  EXPECT_GE(std::count_if(rows.begin(), rows.end(), [](const HeadRow& h) { return h.job == "self"; }), 1);
+
+  // X = ln_1(wpe[:16]), built here with the library.
+  constexpr Index T = 16, C = 768;
+  const gpt2::safetensors::File checkpoint = gpt2::safetensors::File::open(weights);
+  const std::vector<float> wpe = checkpoint.to_vector<float>("wpe.weight");
+  const std::vector<float> ln_w = checkpoint.to_vector<float>("h.0.ln_1.weight");
+  const std::vector<float> ln_b = checkpoint.to_vector<float>("h.0.ln_1.bias");
+  RowMatrix<float> x(T, C);
+  gpt2::layer_norm<float>(gpt2::ConstMatrixMap<float>(wpe.data(), T, C),
+                          gpt2::ConstVectorMap<float>(ln_w.data(), C),
+                          gpt2::ConstVectorMap<float>(ln_b.data(), C), 1e-5f, x);
+  gpt2::npy::write<float>(file("x16.npy"), x);
+
+  const CliResult run = cli({"run", "--weights", weights, "--input", "x16.npy", "--output", "y16.npy"});
+  EXPECT_SUCCESS(run);
+  const gpt2::safetensors::LoadedAttention<float> loaded = gpt2::safetensors::load_attention<float>(checkpoint, 0);
+  const RowMatrix<float> y = read_npy_matrix<float>(file("y16.npy"), T, C);
+  EXPECT_TRUE(gpt2::test::near(y, gpt2::attention(loaded.weights(), x), kFloatTol));
+}
+
+}  // namespace
