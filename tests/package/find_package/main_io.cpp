@@ -6,6 +6,7 @@
 #include <gpt2/npy.hpp>
 #include <gpt2/safetensors.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -28,9 +29,8 @@ int main(int argc, char** argv) {
   const gpt2::npy::Array array = gpt2::npy::read(path);
   const std::vector<std::int64_t> expected_shape{T, config.n_embd};
   if (array.dtype != gpt2::npy::Dtype::F32 || array.shape != expected_shape) {
-    std::fprintf(stderr, "%s: expected <f4 [%td, %td], got %s %s\n", path.c_str(), T,
-                 config.n_embd, gpt2::npy::dtype_descr(array.dtype),
-                 gpt2::detail::shape_string(array.shape).c_str());
+    std::fprintf(stderr, "%s: expected <f4 [%td, %td], got %s of rank %zu\n", path.c_str(), T,
+                 config.n_embd, gpt2::npy::dtype_descr(array.dtype), array.shape.size());
     return 1;
   }
   const gpt2::RowMatrix<float> y_read = array.to_matrix<float>();
