@@ -133,8 +133,8 @@ void stage_proj(benchmark::State& state) {
 
 // Independent FMA chains in registers: the one-core FMA peak this binary can reach.
 void peak_fma(benchmark::State& state) {
-  constexpr int kChains = 12;
 #if defined(__AVX512F__)
+  constexpr int kChains = 12;
   using V = __m512;
   constexpr int kLanes = 16;
   auto fma = [](V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); };
@@ -142,6 +142,7 @@ void peak_fma(benchmark::State& state) {
   V acc[kChains];
   for (V& a : acc) a = _mm512_set1_ps(1.0f);
 #elif defined(__FMA__)
+  constexpr int kChains = 12;
   using V = __m256;
   constexpr int kLanes = 8;
   auto fma = [](V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); };
