@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <vector>
 
 #include "gpt2/causal_attention.hpp"
 #include "support/compare.hpp"
@@ -111,6 +112,20 @@ TYPED_TEST(CausalAttentionTest, SoftmaxRowHandlesLargeNegativeLogits) {
   EXPECT_NEAR(static_cast<double>(row[0]), 1.0 / (2.0 + std::exp(-2.0)), 1e-6);
   EXPECT_NEAR(static_cast<double>(row[2]), std::exp(-2.0) / (2.0 + std::exp(-2.0)), 1e-6);
   EXPECT_EQ(row[3], T(0)) << "entries past the visible keys must be exactly zero";
+}
+
+TYPED_TEST(CausalAttentionTest, RunningMaxStartsAtMinusInfinityAndPropagatesNaN) {
+  using T = TypeParam;
+  const T inf = std::numeric_limits<T>::infinity();
+  std::vector<T> row(19, T(-1e30));
+  row[17] = T(-5);  // in the scalar tail, past the 8-wide lanes
+  EXPECT_EQ(gpt2::running_max(row.data(), 19), T(-5));
+  EXPECT_EQ(gpt2::running_max(row.data(), 3), T(-1e30));
+  std::vector<T> all_minus_inf(9, -inf);
+  EXPECT_EQ(gpt2::running_max(all_minus_inf.data(), 9), -inf);
+  row[4] = std::numeric_limits<T>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(gpt2::running_max(row.data(), 19)));
+  EXPECT_FALSE(std::isnan(gpt2::running_max(row.data(), 4)));
 }
 
 TYPED_TEST(CausalAttentionTest, ScratchIsReusedWithoutGrowing) {

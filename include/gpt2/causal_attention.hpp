@@ -43,14 +43,37 @@ class AttentionScratch {
   GemmScratch<T> values_gemm;
 };
 
+// max(-inf, row[0], ..., row[n-1]); NaN if any entry is NaN.
+template <class T>
+T running_max(const T* row, Index n) {
+  constexpr int kLanes = 8;
+  T lane[kLanes];
+  for (T& m : lane) m = -std::numeric_limits<T>::infinity();
+  bool nan = false;
+  Index j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const T v = row[j + l];
+      nan |= v != v;
+      lane[l] = v > lane[l] ? v : lane[l];
+    }
+  for (; j < n; ++j) {
+    nan |= row[j] != row[j];
+    lane[0] = row[j] > lane[0] ? row[j] : lane[0];
+  }
+  T max = lane[0];
+  for (int l = 1; l < kLanes; ++l) max = lane[l] > max ? lane[l] : max;
+  return nan ? std::numeric_limits<T>::quiet_NaN() : max;
+}
+
 // In place: row[0 .. n) = softmax(row[0 .. n)), row[n .. row.size()) = 0.
 //   row [n_keys], 1 <= n <= n_keys
 // The running max starts at minus infinity (never a finite sentinel), so logits of any size work.
 template <class T>
 void causal_softmax_row(T* row, Index n, Index n_keys) {
-  T max = -std::numeric_limits<T>::infinity();
-  for (Index j = 0; j < n; ++j) max = row[j] > max ? row[j] : max;
   Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> visible(row, n);
+  // Running max from minus infinity, 8 lanes wide so it vectorizes; a NaN logit propagates.
+  const T max = running_max(row, n);
   visible = (visible - max).exp();
   const T sum = visible.sum();
   visible *= T(1) / sum;
