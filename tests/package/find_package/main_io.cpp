@@ -11,26 +11,20 @@
 #include <string>
 #include <vector>
 
+#include "../common/small_model.hpp"
+
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : "roundtrip.npy";
 
-  const gpt2::AttentionConfig config{64, 4};  // n_embd, n_head
-  const gpt2::Index T = 5;
-  const gpt2::RowMatrix<float> c_attn_w = gpt2::RowMatrix<float>::Random(64, 192);
-  const gpt2::RowVector<float> c_attn_b = gpt2::RowVector<float>::Zero(192);
-  const gpt2::RowMatrix<float> c_proj_w = gpt2::RowMatrix<float>::Random(64, 64);
-  const gpt2::RowVector<float> c_proj_b = gpt2::RowVector<float>::Zero(64);
-  const gpt2::RowMatrix<float> x = gpt2::RowMatrix<float>::Random(T, 64);
-  const gpt2::AttentionWeights<float> weights(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
-                                              gpt2::view(c_proj_w), gpt2::view(c_proj_b));
-  const gpt2::RowMatrix<float> y = gpt2::attention(weights, x);
+  const gpt2::RowMatrix<float> y = consumer::small_forward();
+  if (consumer::check_output(y, "find_package io consumer") != 0) return 1;
 
   gpt2::npy::write<float>(path, y);
   const gpt2::npy::Array array = gpt2::npy::read(path);
-  const std::vector<std::int64_t> expected_shape{T, config.n_embd};
+  const std::vector<std::int64_t> expected_shape{consumer::kT, consumer::kConfig.n_embd};
   if (array.dtype != gpt2::npy::Dtype::F32 || array.shape != expected_shape) {
-    std::fprintf(stderr, "%s: expected <f4 [%td, %td], got %s of rank %zu\n", path.c_str(), T,
-                 config.n_embd, gpt2::npy::dtype_descr(array.dtype), array.shape.size());
+    std::fprintf(stderr, "%s: expected <f4 [%td, %td], got %s of rank %zu\n", path.c_str(), consumer::kT,
+                 consumer::kConfig.n_embd, gpt2::npy::dtype_descr(array.dtype), array.shape.size());
     return 1;
   }
   const gpt2::RowMatrix<float> y_read = array.to_matrix<float>();
