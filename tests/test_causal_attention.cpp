@@ -9,12 +9,14 @@
 
 #include "gpt2/causal_attention.hpp"
 #include "support/compare.hpp"
+#include "support/errors.hpp"
 #include "support/reference.hpp"
 
 namespace {
 
 using gpt2::Index;
 using gpt2::RowMatrix;
+using gpt2::test::error_of;
 using gpt2::test::near;
 using gpt2::test::Tolerance;
 
@@ -27,8 +29,7 @@ RowMatrix<T> random_matrix(Index rows, Index cols, unsigned seed, double scale =
 
 template <class T>
 class CausalAttentionTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(CausalAttentionTest, Scalars);
+TYPED_TEST_SUITE(CausalAttentionTest, gpt2::test::Scalars);
 
 struct Case {
   Index T, n_past, head_dim;
@@ -147,23 +148,20 @@ TEST(CausalAttentionErrors, ShapesAreNamed) {
   const RowMatrix<float> q = RowMatrix<float>::Zero(4, 8), k = RowMatrix<float>::Zero(4, 8);
   const RowMatrix<float> k_bad = RowMatrix<float>::Zero(4, 7), short_k = RowMatrix<float>::Zero(3, 8);
   RowMatrix<float> y(4, 8), y_bad(3, 8), probs_bad(4, 5);
-  auto message = [&](auto&& call) {
-    try {
-      call();
-    } catch (const gpt2::ShapeError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no exception");
-  };
-  EXPECT_EQ(message([&] { gpt2::causal_attention_head<float>(q, k_bad, k, y, scratch); }),
+  EXPECT_EQ(error_of<gpt2::ShapeError>(
+                [&] { gpt2::causal_attention_head<float>(q, k_bad, k, y, scratch); }),
             "k: expected shape [4, 8], got [4, 7]");
-  EXPECT_EQ(message([&] { gpt2::causal_attention_head<float>(q, k, k_bad, y, scratch); }),
+  EXPECT_EQ(error_of<gpt2::ShapeError>(
+                [&] { gpt2::causal_attention_head<float>(q, k, k_bad, y, scratch); }),
             "v: expected shape [4, 8], got [4, 7]");
-  EXPECT_EQ(message([&] { gpt2::causal_attention_head<float>(q, k, k, y_bad, scratch); }),
+  EXPECT_EQ(error_of<gpt2::ShapeError>(
+                [&] { gpt2::causal_attention_head<float>(q, k, k, y_bad, scratch); }),
             "out: expected shape [4, 8], got [3, 8]");
-  EXPECT_EQ(message([&] { gpt2::causal_attention_head<float>(q, k, k, y, probs_bad, scratch); }),
+  EXPECT_EQ(error_of<gpt2::ShapeError>(
+                [&] { gpt2::causal_attention_head<float>(q, k, k, y, probs_bad, scratch); }),
             "probs: expected shape [4, 4], got [4, 5]");
-  EXPECT_EQ(message([&] { gpt2::causal_attention_head<float>(q, short_k, short_k, y, scratch); }),
+  EXPECT_EQ(error_of<gpt2::ShapeError>(
+                [&] { gpt2::causal_attention_head<float>(q, short_k, short_k, y, scratch); }),
             "k: expected at least as many rows as q (4), got 3");
 }
 

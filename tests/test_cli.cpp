@@ -9,7 +9,6 @@
 // allows max|diff| <= 1e-6 * max|expected| in float (about 8 ulp of the largest value) and 1e-12 *
 // max|expected| in double (a margin far below any real error, far above reordering noise).
 #include <fcntl.h>
-#include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,18 +21,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "gpt2/attention.hpp"
 #include "gpt2/npy.hpp"
 #include "gpt2/safetensors.hpp"
 #include "support/compare.hpp"
+#include "support/tmpdir.hpp"
 
 #ifndef GPT2_CLI_PATH
 #error "GPT2_CLI_PATH must name the gpt2-attention executable"
@@ -55,46 +53,9 @@ constexpr double kDoubleTol = 1e-12;
 // Files and processes
 // ---------------------------------------------------------------------------------------------
 
-// A fresh directory under the system temp directory, removed with its contents.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "gpt2-cli-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed: " + tmpl);
-    path_ = tmpl;
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string path() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
-  // Every entry, hidden ones included, sorted.
-  std::vector<std::string> list() const {
-    std::vector<std::string> names;
-    for (const auto& entry : std::filesystem::directory_iterator(path_))
-      names.push_back(entry.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-
- private:
-  std::filesystem::path path_;
-};
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-  if (!out) throw std::runtime_error("cannot write " + path);
-}
+using gpt2::test::read_text;
+using gpt2::test::TempDir;
+using gpt2::test::write_text;
 
 struct CliResult {
   int status = -1;  // exit status, or 128 + signal
@@ -104,7 +65,7 @@ struct CliResult {
 // Runs the CLI with `args` in directory `cwd`; stdout and stderr go to files in another directory,
 // so that `cwd` holds only what the CLI itself writes.
 CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd) {
-  const ScratchDir logs;
+  const TempDir logs("gpt2-cli");
   const std::string out_path = logs.file("stdout"), err_path = logs.file("stderr");
   std::vector<std::string> argv_strings = {GPT2_CLI_PATH};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
@@ -159,7 +120,7 @@ void write_safetensors(const std::string& path, const std::vector<Tensor>& tenso
   std::string bytes(8, '\0');
   std::uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) bytes[static_cast<std::size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  write_bytes(path, bytes + header + data);
+  write_text(path, bytes + header + data);
 }
 
 RowMatrix<float> random_matrix(std::mt19937& rng, Index rows, Index cols, float scale) {
@@ -235,7 +196,7 @@ class CliTest : public ::testing::Test {
   }
 
   std::string file(const std::string& name) const { return dir.file(name); }
-  CliResult cli(const std::vector<std::string>& args) const { return run_cli(args, dir.path()); }
+  CliResult cli(const std::vector<std::string>& args) const { return run_cli(args, dir.path_string()); }
 
   // run --weights w.safetensors --input x.npy --output y.npy --n-head 4, plus `extra`.
   CliResult run_default(const std::vector<std::string>& extra = {}) const {
@@ -245,7 +206,7 @@ class CliTest : public ::testing::Test {
     return cli(args);
   }
 
-  ScratchDir dir;
+  TempDir dir{"gpt2-cli"};
   Layer layer0 = Layer::random(1), layer1 = Layer::random(2);
   RowMatrix<float> x = [] {
     std::mt19937 rng(3);
@@ -464,8 +425,8 @@ std::vector<BadCase> bad_cases() {
 }
 
 TEST_F(CliTest, BadInputFailsCleanly) {
-  write_bytes(file("garbage.safetensors"), "this is not a safetensors file at all");
-  write_bytes(file("bad.npy"), "neither is this a .npy file");
+  write_text(file("garbage.safetensors"), "this is not a safetensors file at all");
+  write_text(file("bad.npy"), "neither is this a .npy file");
   std::vector<Tensor> partial = layer0.tensors("h.0.attn.");
   partial.pop_back();  // no c_proj.bias
   write_safetensors(file("partial.safetensors"), partial);
@@ -490,7 +451,7 @@ TEST_F(CliTest, BadInputFailsCleanly) {
 }
 
 TEST_F(CliTest, FailedSecondWriteKeepsThePreviousOutput) {
-  write_bytes(file("Y.npy"), "previous content");
+  write_text(file("Y.npy"), "previous content");
   const CliResult r = cli(run_with({{"--probs", "nodir/P.npy"}}));
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(read_text(file("Y.npy")), "previous content");

@@ -6,6 +6,7 @@
 
 #include "gpt2/attention.hpp"
 #include "support/compare.hpp"
+#include "support/errors.hpp"
 #include "support/reference.hpp"
 
 namespace {
@@ -13,6 +14,7 @@ namespace {
 using gpt2::Index;
 using gpt2::RowMatrix;
 using gpt2::RowVector;
+using gpt2::test::error_of;
 using gpt2::test::near;
 using gpt2::test::Tolerance;
 
@@ -46,8 +48,7 @@ RowMatrix<T> random_input(Index T_, Index C, unsigned seed) {
 
 template <class T>
 class ForwardTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(ForwardTest, Scalars);
+TYPED_TEST_SUITE(ForwardTest, gpt2::test::Scalars);
 
 TYPED_TEST(ForwardTest, MatchesNaiveReference) {
   using T = TypeParam;
@@ -127,30 +128,25 @@ TYPED_TEST(ForwardTest, EmptySequenceGivesEmptyOutput) {
   EXPECT_EQ(y.cols(), 16);
 }
 
-std::string forward_error(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const gpt2::Error& e) {
-    return e.what();
-  }
-  return "no exception";
-}
-
 TEST(ForwardErrors, ShapesAreNamed) {
   const Model<float> m = random_model<float>(64, 4, 10);
   gpt2::Workspace<float> ws(m.config);
   gpt2::Workspace<float> other(gpt2::AttentionConfig{64, 8});
   const RowMatrix<float> x = random_input<float>(5, 64, 11), x_bad = random_input<float>(5, 60, 11);
   RowMatrix<float> out(5, 64), out_bad(4, 64), probs_bad(5, 5);
-  EXPECT_EQ(forward_error([&] { gpt2::attention_forward<float>(m.weights(), x_bad, ws, out); }),
+  EXPECT_EQ(error_of<gpt2::Error>(
+                [&] { gpt2::attention_forward<float>(m.weights(), x_bad, ws, out); }),
             "x: expected shape [5, 64], got [5, 60]");
-  EXPECT_EQ(forward_error([&] { gpt2::attention_forward<float>(m.weights(), x, ws, out_bad); }),
+  EXPECT_EQ(error_of<gpt2::Error>(
+                [&] { gpt2::attention_forward<float>(m.weights(), x, ws, out_bad); }),
             "out: expected shape [5, 64], got [4, 64]");
-  EXPECT_EQ(forward_error([&] { gpt2::attention_forward<float>(m.weights(), x, ws, out, probs_bad); }),
+  EXPECT_EQ(error_of<gpt2::Error>(
+                [&] { gpt2::attention_forward<float>(m.weights(), x, ws, out, probs_bad); }),
             "probs: expected shape [20, 5], got [5, 5]");
-  EXPECT_EQ(forward_error([&] { gpt2::attention_forward<float>(m.weights(), x, other, out); }),
+  EXPECT_EQ(error_of<gpt2::Error>(
+                [&] { gpt2::attention_forward<float>(m.weights(), x, other, out); }),
             "workspace: expected n_embd 64, n_head 4 (the weights'), got n_embd 64, n_head 8");
-  EXPECT_EQ(forward_error([&] { (void)gpt2::attention(m.weights(), x_bad); }),
+  EXPECT_EQ(error_of<gpt2::Error>([&] { (void)gpt2::attention(m.weights(), x_bad); }),
             "x: expected shape [5, 64], got [5, 60]");
 }
 

@@ -6,6 +6,7 @@
 
 #include "gpt2/layer_norm.hpp"
 #include "support/compare.hpp"
+#include "support/errors.hpp"
 
 namespace {
 
@@ -15,8 +16,7 @@ using gpt2::RowVector;
 
 template <class T>
 class LayerNormTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(LayerNormTest, Scalars);
+TYPED_TEST_SUITE(LayerNormTest, gpt2::test::Scalars);
 
 TYPED_TEST(LayerNormTest, MatchesDefinition) {
   using T = TypeParam;
@@ -43,12 +43,9 @@ TEST(LayerNormErrors, ShapesAreNamed) {
   const RowMatrix<float> x = RowMatrix<float>::Zero(2, 8);
   const RowVector<float> w = RowVector<float>::Zero(7), b = RowVector<float>::Zero(8);
   RowMatrix<float> y(2, 8);
-  try {
-    gpt2::layer_norm<float>(x, gpt2::view(w), gpt2::view(b), 1e-5f, y);
-    ADD_FAILURE() << "no exception";
-  } catch (const gpt2::ShapeError& e) {
-    EXPECT_STREQ(e.what(), "ln.weight: expected shape [8], got [7]");
-  }
+  EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>(
+                [&] { gpt2::layer_norm<float>(x, gpt2::view(w), gpt2::view(b), 1e-5f, y); }),
+            "ln.weight: expected shape [8], got [7]");
 }
 
 }  // namespace

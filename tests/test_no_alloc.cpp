@@ -13,6 +13,7 @@ static std::atomic<int> g_eigen_assert_failures{0};
 #include <gtest/gtest.h>
 
 #include "gpt2/attention.hpp"
+#include "support/compare.hpp"  // Scalars
 
 static std::atomic<long> g_new_calls{0};
 // GCC 12 flags free() in a replaced global operator delete as a mismatched deallocation; it is not.
@@ -47,8 +48,7 @@ class AllocationWatch {
 
 template <class T>
 class NoAllocTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(NoAllocTest, Scalars);
+TYPED_TEST_SUITE(NoAllocTest, gpt2::test::Scalars);
 
 TYPED_TEST(NoAllocTest, ForwardWithReservedWorkspaceAllocatesNothing) {
   using T = TypeParam;

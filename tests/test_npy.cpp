@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "gpt2/npy.hpp"
+#include "support/compare.hpp"
+#include "support/errors.hpp"
 #include "support/tmpdir.hpp"
 
 namespace {
@@ -20,26 +22,8 @@ namespace {
 using gpt2::FormatError;
 using gpt2::ShapeError;
 namespace npy = gpt2::npy;
-
-// What `f()` throws, which must be an E.
-template <class E, class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "unexpected exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
-
-::testing::AssertionResult Contains(const std::string& message, const std::string& part) {
-  if (message.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << message << "' does not contain '" << part << "'";
-}
+using gpt2::test::Contains;
+using gpt2::test::error_of;
 
 template <class T>
 std::vector<unsigned char> bytes_of(const std::vector<T>& values) {
@@ -91,9 +75,8 @@ std::vector<float> iota_f(std::size_t n) {
 
 template <class T>
 class NpyRoundTrip : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
 // The trailing comma passes an empty name generator: clang -Wpedantic rejects an omitted one.
-TYPED_TEST_SUITE(NpyRoundTrip, Scalars, );
+TYPED_TEST_SUITE(NpyRoundTrip, gpt2::test::Scalars, );
 
 TYPED_TEST(NpyRoundTrip, OneTwoThreeDimensionsAndEmpty) {
   using T = TypeParam;

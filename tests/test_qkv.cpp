@@ -6,17 +6,18 @@
 
 #include "gpt2/qkv.hpp"
 #include "support/compare.hpp"
+#include "support/errors.hpp"
 
 namespace {
 
 using gpt2::Index;
 using gpt2::RowMatrix;
 using gpt2::RowVector;
+using gpt2::test::error_of;
 
 template <class T>
 class QkvTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(QkvTest, Scalars);
+TYPED_TEST_SUITE(QkvTest, gpt2::test::Scalars);
 
 TYPED_TEST(QkvTest, ProjectionIsXTimesWeightPlusBiasWithoutTranspose) {
   using T = TypeParam;
@@ -75,30 +76,14 @@ TEST(QkvErrors, WrongShapesAndHeadsAreNamed) {
                                         gpt2::view(c_proj_w), gpt2::view(c_proj_b));
   const RowMatrix<float> x_bad = RowMatrix<float>::Zero(3, 7), x = RowMatrix<float>::Zero(3, 8);
   RowMatrix<float> qkv(3, 24), qkv_bad(3, 23);
-  try {
-    gpt2::qkv_projection<float>(w, x_bad, qkv);
-    ADD_FAILURE() << "no exception";
-  } catch (const gpt2::ShapeError& e) {
-    EXPECT_STREQ(e.what(), "x: expected shape [3, 8], got [3, 7]");
-  }
-  try {
-    gpt2::qkv_projection<float>(w, x, qkv_bad);
-    ADD_FAILURE() << "no exception";
-  } catch (const gpt2::ShapeError& e) {
-    EXPECT_STREQ(e.what(), "qkv: expected shape [3, 24], got [3, 23]");
-  }
-  try {
-    (void)gpt2::q_view(qkv, config, 2);
-    ADD_FAILURE() << "no exception";
-  } catch (const gpt2::ShapeError& e) {
-    EXPECT_STREQ(e.what(), "head: expected an index in [0, 2), got 2");
-  }
-  try {
-    (void)gpt2::k_view(qkv_bad, config, 0);
-    ADD_FAILURE() << "no exception";
-  } catch (const gpt2::ShapeError& e) {
-    EXPECT_STREQ(e.what(), "qkv: expected shape [3, 24], got [3, 23]");
-  }
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { gpt2::qkv_projection<float>(w, x_bad, qkv); }),
+            "x: expected shape [3, 8], got [3, 7]");
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { gpt2::qkv_projection<float>(w, x, qkv_bad); }),
+            "qkv: expected shape [3, 24], got [3, 23]");
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { (void)gpt2::q_view(qkv, config, 2); }),
+            "head: expected an index in [0, 2), got 2");
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { (void)gpt2::k_view(qkv_bad, config, 0); }),
+            "qkv: expected shape [3, 24], got [3, 23]");
 }
 
 }  // namespace

@@ -160,8 +160,7 @@ void check_case(const std::string& name) {
 
 template <class T>
 class ReferenceTest : public ::testing::Test {};
-using Scalars = ::testing::Types<float, double>;
-TYPED_TEST_SUITE(ReferenceTest, Scalars);
+TYPED_TEST_SUITE(ReferenceTest, gpt2::test::Scalars);
 
 TYPED_TEST(ReferenceTest, Tiny_C8_T5) { check_case<TypeParam>("tiny_T5"); }
 TYPED_TEST(ReferenceTest, Small_T1) { check_case<TypeParam>("small_T1"); }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpt2/safetensors.hpp"
+#include "support/errors.hpp"
 #include "support/tmpdir.hpp"
 
 namespace {
@@ -23,6 +24,8 @@ using gpt2::FormatError;
 using gpt2::ShapeError;
 using gpt2::safetensors::Dtype;
 using gpt2::safetensors::File;
+using gpt2::test::Contains;
+using gpt2::test::error_of;
 
 // ---------------------------------------------------------------------------------------------
 // Building files
@@ -129,38 +132,10 @@ class AlignedBuffer {
 template <class E = FormatError>
 std::string parse_error(const std::vector<unsigned char>& bytes) {
   AlignedBuffer buffer(bytes);
-  try {
-    File::parse(buffer.data(), buffer.size(), "bad.safetensors");
-  } catch (const E& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("bad.safetensors"), std::string::npos) << message;
-    return message;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "unexpected exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
-
-// What `f()` throws, which must be an E.
-template <class E, class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "unexpected exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
-
-::testing::AssertionResult Contains(const std::string& message, const std::string& part) {
-  if (message.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << message << "' does not contain '" << part << "'";
+  const std::string message =
+      error_of<E>([&] { File::parse(buffer.data(), buffer.size(), "bad.safetensors"); });
+  EXPECT_NE(message.find("bad.safetensors"), std::string::npos) << message;
+  return message;
 }
 
 // A tensor entry for hand-written headers.

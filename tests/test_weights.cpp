@@ -3,19 +3,16 @@
 #include <gtest/gtest.h>
 
 #include "gpt2/weights.hpp"
+#include "support/errors.hpp"
 
 namespace {
 
 using gpt2::RowMatrix;
 using gpt2::RowVector;
+using gpt2::test::error_of;
 
 std::string config_error(gpt2::Index n_embd, gpt2::Index n_head) {
-  try {
-    gpt2::make_config(n_embd, n_head);
-  } catch (const gpt2::ConfigError& e) {
-    return e.what();
-  }
-  return "no exception";
+  return error_of<gpt2::ConfigError>([&] { gpt2::make_config(n_embd, n_head); });
 }
 
 TEST(Config, EveryGpt2WidthIsValid) {
@@ -41,13 +38,10 @@ struct Buffers {
 };
 
 std::string weights_error(const gpt2::AttentionConfig& config, const Buffers& b) {
-  try {
+  return error_of<gpt2::Error>([&] {
     gpt2::AttentionWeights<float> w(config, gpt2::view(b.c_attn_w), gpt2::view(b.c_attn_b),
                                     gpt2::view(b.c_proj_w), gpt2::view(b.c_proj_b));
-  } catch (const gpt2::Error& e) {
-    return e.what();
-  }
-  return "no exception";
+  });
 }
 
 Buffers good(gpt2::Index C) {

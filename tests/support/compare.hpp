@@ -11,6 +11,9 @@
 
 namespace gpt2::test {
 
+// The scalar types every typed test suite runs with: TYPED_TEST_SUITE(X, gpt2::test::Scalars).
+using Scalars = ::testing::Types<float, double>;
+
 // Largest |actual - expected| and its position; NaN anywhere counts as an infinite difference.
 struct MaxDiff {
   double value = 0;
