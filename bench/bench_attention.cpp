@@ -8,7 +8,9 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include "baseline.hpp"
 #include "gpt2/attention.hpp"

@@ -94,6 +94,22 @@ TYPED_TEST(ForwardTest, RepeatedCallsReuseTheWorkspaceAndGiveTheSameResult) {
   EXPECT_TRUE(near(c.topRows(1), a.topRows(1), Tolerance<T>::rel, Tolerance<T>::abs));
 }
 
+TYPED_TEST(ForwardTest, FailedGrowthLeavesTheWorkspaceUsable) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(64, 4, 12);
+  const RowMatrix<T> x = random_input<T>(16, 64, 13);
+  gpt2::Workspace<T> ws(m.config, 16);
+  RowMatrix<T> before(16, 64), after(16, 64);
+  gpt2::attention_forward<T>(m.weights(), x, ws, before);
+  // 2^40 tokens: about 10^16 bytes of qkv, which no allocator grants.
+  EXPECT_THROW(ws.reserve(Index(1) << 40), std::bad_alloc);
+  EXPECT_EQ(ws.capacity(), 16);
+  EXPECT_EQ(ws.qkv.rows(), 16);
+  EXPECT_EQ(ws.merged.rows(), 16);
+  gpt2::attention_forward<T>(m.weights(), x, ws, after);
+  EXPECT_TRUE(after == before);
+}
+
 TYPED_TEST(ForwardTest, OutputMayOverwriteTheInput) {
   using T = TypeParam;
   const Model<T> m = random_model<T>(64, 4, 5);

@@ -31,9 +31,13 @@ class AttentionScratch {
   AttentionScratch() = default;
   AttentionScratch(Index max_keys, Index head_dim) { reserve(max_keys, head_dim); }
 
-  // Room for up to max_keys keys of width head_dim.
+  // Room for up to max_keys keys of width head_dim. If an allocation throws, the scratch stays
+  // usable (it grows again on demand).
   void reserve(Index max_keys, Index head_dim) {
-    if (scores.cols() < max_keys) scores.resize(kAttentionRowBlock, max_keys);
+    if (scores.cols() < max_keys) {
+      RowMatrix<T> grown(kAttentionRowBlock, max_keys);  // allocate first: scores stays valid
+      scores.swap(grown);
+    }
     scores_gemm.reserve(kAttentionRowBlock, max_keys, head_dim);
     values_gemm.reserve(kAttentionRowBlock, head_dim, max_keys);
   }
@@ -102,6 +106,8 @@ void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& 
   check_attention_shapes(T_, n_keys, head_dim, k.rows(), k.cols(), v.rows(), v.cols(),
                          out.rows(), out.cols());
   if (probs) check_shape("probs", {T_, n_keys}, {probs->rows(), probs->cols()});
+  if (overlaps(out, q) || overlaps(out, k) || overlaps(out, v))
+    throw ShapeError("out: must not overlap q, k or v");
   if (T_ == 0) return;
   scratch.reserve(n_keys, head_dim);
   const T scale = T(1) / std::sqrt(T(head_dim));
@@ -132,24 +138,27 @@ void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& 
 }  // namespace detail
 
 // One head of causal self-attention.
-//   q [T, head_dim], k [n_past + T, head_dim], v [n_past + T, head_dim] (read; views are fine)
+//   q [T, head_dim], k [n_past + T, head_dim], v [n_past + T, head_dim] (read; row-major views,
+//   e.g. q_view/k_view/v_view of a qkv matrix)
 //   out [T, head_dim] (written; e.g. head h's slot in the merged matrix, see head_slot)
 // PyTorch: F.softmax((q @ k.T / sqrt(head_dim)).masked_fill(~causal, -inf), -1) @ v
-template <class T>
-void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
-                           const ConstMatrixRef<T>& v, MatrixRef<T> out,
+template <class T, class DQ, class DK, class DV>
+void causal_attention_head(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
+                           const Eigen::MatrixBase<DV>& v, MatrixRef<T> out,
                            AttentionScratch<T>& scratch) {
-  detail::causal_attention_head<T>(q, k, v, out, nullptr, scratch);
+  detail::causal_attention_head<T>(detail::as_view<T>(q), detail::as_view<T>(k),
+                                   detail::as_view<T>(v), out, nullptr, scratch);
 }
 
 // Same, also writing the attention probabilities.
 //   probs [T, n_past + T] (written): row i holds softmax weights over keys 0 .. n_past + i and
 //   exact zeros after them.
-template <class T>
-void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
-                           const ConstMatrixRef<T>& v, MatrixRef<T> out, MatrixRef<T> probs,
+template <class T, class DQ, class DK, class DV>
+void causal_attention_head(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBase<DK>& k,
+                           const Eigen::MatrixBase<DV>& v, MatrixRef<T> out, MatrixRef<T> probs,
                            AttentionScratch<T>& scratch) {
-  detail::causal_attention_head<T>(q, k, v, out, &probs, scratch);
+  detail::causal_attention_head<T>(detail::as_view<T>(q), detail::as_view<T>(k),
+                                   detail::as_view<T>(v), out, &probs, scratch);
 }
 
 }  // namespace gpt2

@@ -59,26 +59,28 @@ void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
 }  // namespace detail
 
 // out = GPT-2 attention sublayer(x)
-//   x [T, C] (read), out [T, C] (written; may be the same storage as x)
+//   x [T, C] (read; a row-major matrix or view, e.g. a Map over your buffer),
+//   out [T, C] (written; may be the same storage as x)
 //   ws: scratch for at least T tokens (grown if smaller; no allocation when it is big enough)
 // PyTorch (HF): GPT2Attention(x)[0] with c_attn, c_proj of `w`
-template <class T>
-void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, Workspace<T>& ws,
-                       MatrixRef<T> out) {
-  detail::attention_forward<T>(w, x, ws, out, nullptr);
+template <class T, class D>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       Workspace<T>& ws, MatrixRef<T> out) {
+  detail::attention_forward<T>(w, detail::as_view<T>(x), ws, out, nullptr);
 }
 
 // Same, also writing the attention probabilities of every head.
 //   probs [n_head * T, T] (written): rows h*T .. h*T + T - 1 are head h's [T, T] map, i.e. the
 //   row-major [n_head, T, T] tensor; entries above the diagonal are exactly 0.
-template <class T>
-void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, Workspace<T>& ws,
-                       MatrixRef<T> out, MatrixRef<T> probs) {
-  detail::attention_forward<T>(w, x, ws, out, &probs);
+template <class T, class D>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       Workspace<T>& ws, MatrixRef<T> out, MatrixRef<T> probs) {
+  detail::attention_forward<T>(w, detail::as_view<T>(x), ws, out, &probs);
 }
 
 // Convenience front door: returns a new [T, C] matrix (allocates its result and a workspace).
-//   x: any Eigen expression [T, C] with the weights' scalar type; evaluated once to row-major.
+//   x: any Eigen expression [T, C] with the weights' scalar type; evaluated once into a row-major
+//   copy (the one place where an input is copied: this function allocates anyway).
 template <class T, class Derived>
 RowMatrix<T> attention(const AttentionWeights<T>& w, const Eigen::MatrixBase<Derived>& x) {
   static_assert(std::is_same<typename Derived::Scalar, T>::value,

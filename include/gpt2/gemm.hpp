@@ -1,13 +1,21 @@
-// GEMM into preallocated storage: C[M, N] (+)= alpha * A[M, K] * op(B), all row-major, with the
+// GEMM into preallocated storage: C[M, N] += alpha * A[M, K] * op(B), all row-major, with the
 // packing buffers of Eigen's GEMM kept in a GemmScratch so that repeated calls allocate nothing.
 // (A plain `C.noalias() += A * B` allocates Eigen's packing buffers on every call.)
+//
+// This calls Eigen's internal GEMM driver (general_matrix_matrix_product and gemm_blocking_space),
+// whose interface is stable across the 3.4 series but not public: hence the version check.
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <memory>
 
 #include "gpt2/error.hpp"
 #include "gpt2/types.hpp"
+
+static_assert(EIGEN_VERSION_AT_LEAST(3, 4, 0) && !EIGEN_VERSION_AT_LEAST(3, 4, 90),
+              "gpt2/gemm.hpp uses Eigen 3.4's internal GEMM driver: check it before using another "
+              "Eigen version");
 
 namespace gpt2 {
 
@@ -23,14 +31,17 @@ class GemmScratch {
   GemmScratch(Index max_m, Index max_n, Index max_k) { reserve(max_m, max_n, max_k); }
 
   // Grows the buffers to fit an [max_m, max_k] x [max_k, max_n] product (allocates only when
-  // they grow; a smaller request keeps the current buffers).
+  // they grow; a smaller request keeps the current buffers). Strong guarantee: if the allocation
+  // throws, the scratch is unchanged.
   void reserve(Index max_m, Index max_n, Index max_k) {
     if (fits(max_m, max_n, max_k)) return;
-    max_m_ = std::max(max_m, max_m_);
-    max_n_ = std::max(max_n, max_n_);
-    max_k_ = std::max(max_k, max_k_);
-    blocking_ = std::make_unique<Blocking>(max_m_, max_n_, max_k_, 1, true);
-    blocking_->allocateAll();
+    const Index m = std::max(max_m, max_m_), n = std::max(max_n, max_n_), k = std::max(max_k, max_k_);
+    auto blocking = std::make_unique<Blocking>(m, n, k, 1, true);
+    blocking->allocateAll();
+    blocking_ = std::move(blocking);
+    max_m_ = m;
+    max_n_ = n;
+    max_k_ = k;
   }
 
   bool fits(Index m, Index n, Index k) const {
@@ -49,13 +60,16 @@ enum class Op { None, Transpose };
 // C[M, N] += alpha * A[M, K] * op(B)
 //   op = None:      B is [K, N]
 //   op = Transpose: B is [N, K] and op(B) = B^T (e.g. scores = q k^T without a transposed copy)
+//   A, B: row-major views (see detail::as_view); C must not overlap A or B.
 // PyTorch: C.add_(alpha * A @ (B or B.T)). Grows `scratch` if the product does not fit (the only
 // allocation); reserve it beforehand for allocation-free calls.
-template <class T>
-void gemm_accumulate(T alpha, const ConstMatrixRef<T>& A, const ConstMatrixRef<T>& B, Op op_b,
-                     MatrixRef<T> C, GemmScratch<T>& scratch) {
+template <class T, class DA, class DB>
+void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::MatrixBase<DB>& b,
+                     Op op_b, MatrixRef<T> C, GemmScratch<T>& scratch) {
   using Eigen::ColMajor;
   using Eigen::RowMajor;
+  const ConstMatrixRef<T> A = detail::as_view<T>(a);
+  const ConstMatrixRef<T> B = detail::as_view<T>(b);
   const Index M = A.rows(), K = A.cols();
   const Index N = op_b == Op::None ? B.cols() : B.rows();
   const Index KB = op_b == Op::None ? B.rows() : B.cols();
@@ -64,6 +78,8 @@ void gemm_accumulate(T alpha, const ConstMatrixRef<T>& A, const ConstMatrixRef<T
                      detail::shape_string({A.rows(), A.cols()}) + ", op(B) " +
                      detail::shape_string({KB, N}) + ", C " +
                      detail::shape_string({C.rows(), C.cols()}));
+  if (detail::overlaps(C, A) || detail::overlaps(C, B))
+    throw ShapeError("gemm: the output C overlaps an input");
   if (M == 0 || N == 0 || K == 0) return;
   scratch.reserve(M, N, K);
   if (op_b == Op::None) {

@@ -10,12 +10,14 @@
 namespace gpt2 {
 
 // out[t, :] = (in[t, :] - mean) / sqrt(var + eps) * weight + bias, with the biased variance.
-//   in [T, C] (read), weight [C], bias [C], out [T, C] (written; may be the same storage as in)
+//   in [T, C] (read; a row-major matrix or view), weight [C], bias [C],
+//   out [T, C] (written; may be the same storage as in: each row is read before it is written)
 // PyTorch: F.layer_norm(in, (C,), weight, bias, eps)
 // Mean and variance are accumulated in double (two passes) for any T.
-template <class T>
-void layer_norm(const ConstMatrixRef<T>& in, const ConstVectorMap<T>& weight,
+template <class T, class D>
+void layer_norm(const Eigen::MatrixBase<D>& in_, const ConstVectorMap<T>& weight,
                 const ConstVectorMap<T>& bias, T eps, MatrixRef<T> out) {
+  const ConstMatrixRef<T> in = detail::as_view<T>(in_);
   const Index T_ = in.rows(), C = in.cols();
   detail::check_shape("ln.weight", {C}, {weight.size()});
   detail::check_shape("ln.bias", {C}, {bias.size()});

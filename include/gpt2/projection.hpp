@@ -17,19 +17,29 @@
 namespace gpt2 {
 
 // head_slot(merged, config, h): writable zero-copy view of head h's columns of the merged matrix.
-//   merged [T, C] -> [T, head_dim], the columns h*head_dim ... + head_dim.
-// causal_attention_head writes straight into it, so the merge costs no copy.
+//   merged [T, C] (a writable row-major matrix or view) -> [T, head_dim], the columns
+//   h*head_dim ... + head_dim. causal_attention_head writes straight into it, so the merge costs
+//   no copy. Const matrices and temporaries are rejected at compile time.
 // PyTorch (HF _merge_heads): merged.view(T, n_head, head_dim)[:, h, :]
-template <class Derived>
-MatrixRef<typename Derived::Scalar> head_slot(const Eigen::MatrixBase<Derived>& merged,
-                                              const AttentionConfig& config, Index h) {
-  detail::check_row_major_view(merged);
+template <class D>
+MatrixRef<typename D::Scalar> head_slot(Eigen::MatrixBase<D>& merged, const AttentionConfig& config,
+                                        Index h) {
   detail::check_head(config, h);
   detail::check_shape("merged", {merged.rows(), config.n_embd}, {merged.rows(), merged.cols()});
-  // Eigen's idiom for writing through a const MatrixBase& (lets blocks and Refs be passed).
-  Eigen::MatrixBase<Derived>& writable = const_cast<Eigen::MatrixBase<Derived>&>(merged);
-  return writable.derived().middleCols(h * config.head_dim(), config.head_dim());
+  return merged.derived().middleCols(h * config.head_dim(), config.head_dim());
 }
+
+// Same, for a view passed as a temporary (e.g. `ws.merged.topRows(T)`): it still points at
+// lasting storage.
+template <class D>
+MatrixRef<typename D::Scalar> head_slot(Eigen::MatrixBase<D>&& merged, const AttentionConfig& config,
+                                        Index h) {
+  return head_slot(merged, config, h);
+}
+
+// A slot of a temporary matrix would dangle.
+template <class T>
+MatrixRef<T> head_slot(RowMatrix<T>&&, const AttentionConfig&, Index) = delete;
 
 // merged = concat(heads, dim=1): copies n_head separate head outputs into their slots.
 //   heads: n_head matrices [T, head_dim] (read), merged [T, C] (written)
@@ -53,21 +63,23 @@ void merge_heads(const std::vector<RowMatrix<T>>& heads, const AttentionConfig& 
 }
 
 // out = merged @ c_proj.weight + c_proj.bias
-//   merged [T, C] (read), out [T, C] (written)
+//   merged [T, C] (read; a row-major matrix or view), out [T, C] (written; must not overlap merged)
 // PyTorch: torch.addmm(c_proj.bias, merged, c_proj.weight)
-template <class T>
-void output_projection(const AttentionWeights<T>& w, const ConstMatrixRef<T>& merged,
+template <class T, class D>
+void output_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& merged_in,
                        MatrixRef<T> out, GemmScratch<T>& gemm) {
+  const ConstMatrixRef<T> merged = detail::as_view<T>(merged_in);
   const Index C = w.n_embd(), T_ = merged.rows();
   detail::check_shape("merged", {T_, C}, {merged.rows(), merged.cols()});
   detail::check_shape("out", {T_, C}, {out.rows(), out.cols()});
+  if (detail::overlaps(out, merged)) throw ShapeError("out: must not overlap merged");
   out.rowwise() = w.c_proj_bias();
   gemm_accumulate<T>(T(1), merged, w.c_proj_weight(), Op::None, out, gemm);
 }
 
 // Same, with a one-off GemmScratch (allocates).
-template <class T>
-void output_projection(const AttentionWeights<T>& w, const ConstMatrixRef<T>& merged,
+template <class T, class D>
+void output_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& merged,
                        MatrixRef<T> out) {
   GemmScratch<T> gemm;
   output_projection<T>(w, merged, out, gemm);

@@ -20,22 +20,25 @@
 namespace gpt2 {
 
 // qkv = x @ c_attn.weight + c_attn.bias
-//   x [T, C] (read), qkv [T, 3C] (written; caller-owned storage)
+//   x [T, C] (read; a row-major matrix or view), qkv [T, 3C] (written; caller-owned storage that
+//   must not overlap x)
 // PyTorch: torch.addmm(c_attn.bias, x, c_attn.weight)
 // `gemm` holds Eigen's packing buffers; pass the workspace's to make the call allocation-free.
-template <class T>
-void qkv_projection(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, MatrixRef<T> qkv,
-                    GemmScratch<T>& gemm) {
+template <class T, class D>
+void qkv_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x_in,
+                    MatrixRef<T> qkv, GemmScratch<T>& gemm) {
+  const ConstMatrixRef<T> x = detail::as_view<T>(x_in);
   const Index C = w.n_embd(), T_ = x.rows();
   detail::check_shape("x", {T_, C}, {x.rows(), x.cols()});
   detail::check_shape("qkv", {T_, 3 * C}, {qkv.rows(), qkv.cols()});
+  if (detail::overlaps(qkv, x)) throw ShapeError("qkv: must not overlap x");
   qkv.rowwise() = w.c_attn_bias();
   gemm_accumulate<T>(T(1), x, w.c_attn_weight(), Op::None, qkv, gemm);
 }
 
 // Same, with a one-off GemmScratch (allocates).
-template <class T>
-void qkv_projection(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, MatrixRef<T> qkv) {
+template <class T, class D>
+void qkv_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x, MatrixRef<T> qkv) {
   GemmScratch<T> gemm;
   qkv_projection<T>(w, x, qkv, gemm);
 }
@@ -45,15 +48,8 @@ enum class QkvPart { q = 0, k = 1, v = 2 };
 
 namespace detail {
 
-template <class Derived>
-void check_row_major_view(const Eigen::MatrixBase<Derived>&) {
-  static_assert(int(Derived::IsRowMajor) || int(Derived::ColsAtCompileTime) == 1,
-                "gpt2: expected a row-major matrix (a view of another layout would need a copy)");
-  static_assert(int(Derived::InnerStrideAtCompileTime) == 1,
-                "gpt2: expected unit inner stride (a view of strided data would need a copy)");
-}
-
 inline void check_head(const AttentionConfig& config, Index h) {
+  config.validate();
   if (h < 0 || h >= config.n_head)
     throw ShapeError("head: expected an index in [0, " + std::to_string(config.n_head) +
                      "), got " + std::to_string(h));
@@ -62,39 +58,49 @@ inline void check_head(const AttentionConfig& config, Index h) {
 }  // namespace detail
 
 // head_view(qkv, config, part, h): zero-copy view of head h's q, k or v.
-//   qkv [T, 3C] -> [T, head_dim], the columns part*C + h*head_dim ... + head_dim.
-//   The view points into qkv (no copy); it is valid while qkv is.
+//   qkv [T, 3C] (a row-major matrix or view) -> [T, head_dim], the columns
+//   part*C + h*head_dim ... + head_dim. The view points into qkv (no copy) and is valid while
+//   qkv's storage is; temporaries are rejected at compile time.
 // PyTorch (HF): qkv.split(C, dim=-1)[part].view(T, n_head, head_dim)[:, h, :]
-template <class Derived>
-ConstMatrixRef<typename Derived::Scalar> head_view(const Eigen::MatrixBase<Derived>& qkv,
-                                                   const AttentionConfig& config, QkvPart part,
-                                                   Index h) {
-  detail::check_row_major_view(qkv);
+template <class D>
+ConstMatrixRef<typename D::Scalar> head_view(const Eigen::MatrixBase<D>& qkv,
+                                             const AttentionConfig& config, QkvPart part, Index h) {
   detail::check_head(config, h);
   const Index C = config.n_embd, hd = config.head_dim();
   detail::check_shape("qkv", {qkv.rows(), 3 * C}, {qkv.rows(), qkv.cols()});
-  return qkv.derived().middleCols(static_cast<Index>(part) * C + h * hd, hd);
+  return detail::as_view<typename D::Scalar>(
+      qkv.derived().middleCols(static_cast<Index>(part) * C + h * hd, hd));
 }
+template <class T>
+ConstMatrixRef<T> head_view(RowMatrix<T>&&, const AttentionConfig&, QkvPart, Index) = delete;
 
 // q of head h: qkv[:, h*head_dim : (h+1)*head_dim]                  [T, head_dim], a view
-template <class Derived>
-ConstMatrixRef<typename Derived::Scalar> q_view(const Eigen::MatrixBase<Derived>& qkv,
-                                                const AttentionConfig& config, Index h) {
+template <class D>
+ConstMatrixRef<typename D::Scalar> q_view(const Eigen::MatrixBase<D>& qkv,
+                                          const AttentionConfig& config, Index h) {
   return head_view(qkv, config, QkvPart::q, h);
 }
 
 // k of head h: qkv[:, C + h*head_dim : C + (h+1)*head_dim]          [T, head_dim], a view
-template <class Derived>
-ConstMatrixRef<typename Derived::Scalar> k_view(const Eigen::MatrixBase<Derived>& qkv,
-                                                const AttentionConfig& config, Index h) {
+template <class D>
+ConstMatrixRef<typename D::Scalar> k_view(const Eigen::MatrixBase<D>& qkv,
+                                          const AttentionConfig& config, Index h) {
   return head_view(qkv, config, QkvPart::k, h);
 }
 
 // v of head h: qkv[:, 2C + h*head_dim : 2C + (h+1)*head_dim]        [T, head_dim], a view
-template <class Derived>
-ConstMatrixRef<typename Derived::Scalar> v_view(const Eigen::MatrixBase<Derived>& qkv,
-                                                const AttentionConfig& config, Index h) {
+template <class D>
+ConstMatrixRef<typename D::Scalar> v_view(const Eigen::MatrixBase<D>& qkv,
+                                          const AttentionConfig& config, Index h) {
   return head_view(qkv, config, QkvPart::v, h);
 }
+
+// Views of temporaries would dangle.
+template <class T>
+ConstMatrixRef<T> q_view(RowMatrix<T>&&, const AttentionConfig&, Index) = delete;
+template <class T>
+ConstMatrixRef<T> k_view(RowMatrix<T>&&, const AttentionConfig&, Index) = delete;
+template <class T>
+ConstMatrixRef<T> v_view(RowMatrix<T>&&, const AttentionConfig&, Index) = delete;
 
 }  // namespace gpt2

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <cstdint>
+#include <type_traits>
 
 namespace gpt2 {
 
@@ -25,10 +27,10 @@ using RowVector = Eigen::Matrix<T, 1, Eigen::Dynamic>;
 
 // Read-only view of a row-major matrix with unit inner stride and any row stride. A column block of
 // a row-major matrix (a head slice `qkv.middleCols(h * head_dim, head_dim)`) binds to it without a
-// copy. Caution: binding an expression with another storage order or a non-unit inner stride makes
-// Eigen evaluate it into a hidden temporary; the kernels of this library only ever bind views.
-// T is not deduced from a Ref parameter (a RowMatrix<float> argument converts to a Ref but cannot
-// deduce it), so every function taking Refs takes T from another parameter (weights, scratch).
+// copy. (Binding an expression with another storage order or a non-unit inner stride would make
+// Eigen evaluate it into a hidden temporary: the public functions take their read-only inputs as
+// `const Eigen::MatrixBase<D>&` and bind them with detail::as_view, which refuses such inputs at
+// compile time. Copies are explicit: `gpt2::RowMatrix<float> x_rm = x_col_major;`.)
 template <class T>
 using ConstMatrixRef =
     Eigen::Ref<const RowMatrix<typename detail::identity<T>::type>, 0, Eigen::OuterStride<>>;
@@ -37,6 +39,42 @@ using ConstMatrixRef =
 // storage that already has that layout (never copies).
 template <class T>
 using MatrixRef = Eigen::Ref<RowMatrix<typename detail::identity<T>::type>, 0, Eigen::OuterStride<>>;
+
+namespace detail {
+
+// A read-only input bound as a ConstMatrixRef<T> without a copy. Compile-time errors (never a
+// hidden copy) for another scalar type, a column-major or strided layout, or an unevaluated
+// expression.
+//   m: a RowMatrix, a Map or Ref of one, or a block of those (e.g. x.topRows(T), qkv.middleCols(...))
+template <class T, class D>
+ConstMatrixRef<T> as_view(const Eigen::MatrixBase<D>& m) {
+  static_assert(std::is_same<typename D::Scalar, T>::value,
+                "gpt2: the input's scalar type differs from the weights' (cast it explicitly)");
+  static_assert(bool(Eigen::internal::traits<D>::Flags & Eigen::DirectAccessBit),
+                "gpt2: expected a matrix or a view of one; evaluate the expression explicitly into "
+                "a gpt2::RowMatrix first");
+  static_assert(int(D::IsRowMajor) == 1,
+                "gpt2: expected row-major storage; a column-major input would need a hidden copy "
+                "(copy it explicitly into a gpt2::RowMatrix)");
+  static_assert(int(D::InnerStrideAtCompileTime) == 1,
+                "gpt2: expected unit inner stride (a strided view would need a hidden copy)");
+  return ConstMatrixRef<T>(m.derived());
+}
+
+// True when the memory of the two views overlaps (an output must not alias an input it reads
+// after writing).
+template <class A, class B>
+bool overlaps(const A& a, const B& b) {
+  if (a.size() == 0 || b.size() == 0) return false;
+  auto address = [](const auto* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const std::uintptr_t a_begin = address(a.data());
+  const std::uintptr_t a_end = address(a.data() + (a.rows() - 1) * a.outerStride() + a.cols());
+  const std::uintptr_t b_begin = address(b.data());
+  const std::uintptr_t b_end = address(b.data() + (b.rows() - 1) * b.outerStride() + b.cols());
+  return a_begin < b_end && b_begin < a_end;
+}
+
+}  // namespace detail
 
 // Zero-copy views over contiguous caller-owned buffers (checkpoint tensors).
 template <class T>

@@ -2,6 +2,9 @@
 // forwards over at most capacity() tokens allocate nothing.
 #pragma once
 
+#include <string>
+#include <utility>
+
 #include "gpt2/causal_attention.hpp"
 #include "gpt2/config.hpp"
 #include "gpt2/gemm.hpp"
@@ -9,8 +12,10 @@
 
 namespace gpt2 {
 
-// Owns: qkv [max_tokens, 3C], merged [max_tokens, C], the attention score tile and the GEMM
-// packing buffers. Not thread-safe: give each thread its own Workspace (weights can be shared).
+// Owns: qkv [capacity, 3C], merged [capacity, C], the attention score tile and the GEMM packing
+// buffers. Not thread-safe: give each thread its own Workspace (weights can be shared).
+// The buffers are public so that the steps can be run one by one (and inspected); their sizes are
+// the Workspace's business: grow them with reserve(), never resize them directly.
 template <class T>
 class Workspace {
  public:
@@ -20,20 +25,26 @@ class Workspace {
   }
 
   const AttentionConfig& config() const { return config_; }
-  Index capacity() const { return qkv.rows(); }
+  Index capacity() const { return capacity_; }
 
   // Grows every buffer to hold max_tokens tokens. Allocates only when max_tokens > capacity().
+  // Strong guarantee: everything is allocated before anything is replaced, so if an allocation
+  // throws (std::bad_alloc) the workspace is unchanged and still usable.
   void reserve(Index max_tokens) {
     if (max_tokens < 0)
       throw ShapeError("max_tokens: expected a non-negative count, got " +
                        std::to_string(max_tokens));
-    if (max_tokens <= capacity()) return;
+    if (max_tokens <= capacity_) return;
     const Index C = config_.n_embd;
-    qkv.resize(max_tokens, 3 * C);
-    merged.resize(max_tokens, C);
-    attention.reserve(max_tokens, config_.head_dim());
-    qkv_gemm.reserve(max_tokens, 3 * C, C);
-    proj_gemm.reserve(max_tokens, C, C);
+    RowMatrix<T> grown_qkv(max_tokens, 3 * C), grown_merged(max_tokens, C);
+    AttentionScratch<T> grown_attention(max_tokens, config_.head_dim());
+    GemmScratch<T> grown_qkv_gemm(max_tokens, 3 * C, C), grown_proj_gemm(max_tokens, C, C);
+    qkv.swap(grown_qkv);
+    merged.swap(grown_merged);
+    attention = std::move(grown_attention);
+    qkv_gemm = std::move(grown_qkv_gemm);
+    proj_gemm = std::move(grown_proj_gemm);
+    capacity_ = max_tokens;
   }
 
   RowMatrix<T> qkv;     // [capacity, 3C]
@@ -44,6 +55,7 @@ class Workspace {
 
  private:
   AttentionConfig config_;
+  Index capacity_ = 0;
 };
 
 }  // namespace gpt2

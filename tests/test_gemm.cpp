@@ -1,0 +1,96 @@
+// gemm_accumulate (gemm.hpp): C += alpha * A * op(B) on strided views, both ops, accumulation,
+// scratch growth and reuse, and its errors.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "gpt2/gemm.hpp"
+#include "support/compare.hpp"
+#include "support/errors.hpp"
+
+namespace {
+
+using gpt2::Index;
+using gpt2::RowMatrix;
+
+template <class T>
+class GemmTest : public ::testing::Test {};
+TYPED_TEST_SUITE(GemmTest, gpt2::test::Scalars);
+
+// Plain triple loop in double.
+template <class A, class B>
+RowMatrix<double> product(const A& a, const B& b, bool transpose_b) {
+  const Index M = a.rows(), K = a.cols(), N = transpose_b ? b.rows() : b.cols();
+  RowMatrix<double> c = RowMatrix<double>::Zero(M, N);
+  for (Index i = 0; i < M; ++i)
+    for (Index j = 0; j < N; ++j)
+      for (Index k = 0; k < K; ++k)
+        c(i, j) += double(a(i, k)) * double(transpose_b ? b(j, k) : b(k, j));
+  return c;
+}
+
+TYPED_TEST(GemmTest, BothOpsOnStridedViewsAccumulate) {
+  using T = TypeParam;
+  std::srand(3);
+  // Views into wider matrices: outer stride != cols (as for head slices of qkv).
+  const RowMatrix<T> a_store = RowMatrix<T>::Random(70, 90), b_store = RowMatrix<T>::Random(80, 100);
+  RowMatrix<T> c_store = RowMatrix<T>::Random(75, 120);
+  const RowMatrix<T> c_before = c_store;
+  gpt2::GemmScratch<T> scratch;
+
+  // C[67, 53] += 0.5 * A[67, 37] * B[37, 53]
+  gpt2::gemm_accumulate<T>(T(0.5), a_store.block(1, 2, 67, 37), b_store.block(3, 4, 37, 53),
+                           gpt2::Op::None, c_store.block(2, 5, 67, 53), scratch);
+  RowMatrix<double> expected = c_before.block(2, 5, 67, 53).template cast<double>() +
+                               0.5 * product(a_store.block(1, 2, 67, 37), b_store.block(3, 4, 37, 53), false);
+  EXPECT_TRUE(gpt2::test::near(c_store.block(2, 5, 67, 53), expected, gpt2::test::Tolerance<T>::rel,
+                               gpt2::test::Tolerance<T>::abs));
+  EXPECT_TRUE(c_store.leftCols(5) == c_before.leftCols(5)) << "columns outside C are untouched";
+
+  // C[67, 61] += A[67, 37] * B[61, 37]^T
+  c_store = c_before;
+  gpt2::gemm_accumulate<T>(T(1), a_store.block(1, 2, 67, 37), b_store.block(0, 10, 61, 37),
+                           gpt2::Op::Transpose, c_store.block(0, 0, 67, 61), scratch);
+  expected = c_before.block(0, 0, 67, 61).template cast<double>() +
+             product(a_store.block(1, 2, 67, 37), b_store.block(0, 10, 61, 37), true);
+  EXPECT_TRUE(gpt2::test::near(c_store.block(0, 0, 67, 61), expected, gpt2::test::Tolerance<T>::rel,
+                               gpt2::test::Tolerance<T>::abs));
+}
+
+TYPED_TEST(GemmTest, ScratchGrowsOnlyWhenNeeded) {
+  using T = TypeParam;
+  gpt2::GemmScratch<T> scratch(64, 64, 64);
+  EXPECT_TRUE(scratch.fits(64, 64, 64));
+  EXPECT_TRUE(scratch.fits(1, 10, 64));
+  EXPECT_FALSE(scratch.fits(65, 64, 64));
+  const RowMatrix<T> a = RowMatrix<T>::Ones(100, 20), b = RowMatrix<T>::Ones(20, 30);
+  RowMatrix<T> c = RowMatrix<T>::Zero(100, 30);
+  gpt2::gemm_accumulate<T>(T(1), a, b, gpt2::Op::None, c, scratch);  // grows M to 100
+  EXPECT_TRUE(scratch.fits(100, 64, 64));
+  EXPECT_TRUE((c.array() == T(20)).all());
+}
+
+TYPED_TEST(GemmTest, EmptyProductsAreNoOps) {
+  using T = TypeParam;
+  gpt2::GemmScratch<T> scratch;
+  const RowMatrix<T> a(3, 0), b(0, 4);
+  RowMatrix<T> c = RowMatrix<T>::Constant(3, 4, T(2));
+  gpt2::gemm_accumulate<T>(T(1), a, b, gpt2::Op::None, c, scratch);
+  EXPECT_TRUE((c.array() == T(2)).all());
+}
+
+TEST(GemmErrors, ShapesAndAliasing) {
+  gpt2::GemmScratch<float> scratch;
+  RowMatrix<float> a = RowMatrix<float>::Zero(3, 4), b = RowMatrix<float>::Zero(5, 6), c(3, 6);
+  EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>([&] {
+              gpt2::gemm_accumulate<float>(1.f, a, b, gpt2::Op::None, c, scratch);
+            }),
+            "gemm: expected [M, K] x [K, N] -> [M, N], got A [3, 4], op(B) [5, 6], C [3, 6]");
+  RowMatrix<float> square = RowMatrix<float>::Zero(4, 4);
+  EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>([&] {
+              gpt2::gemm_accumulate<float>(1.f, square, square, gpt2::Op::None, square, scratch);
+            }),
+            "gemm: the output C overlaps an input");
+}
+
+}  // namespace
