@@ -1,7 +1,8 @@
 // Tests of the gpt2-attention command-line tool (examples/cli). Each test runs the built binary
 // (GPT2_CLI_PATH) with fork/exec in its own temporary directory, with stdout and stderr captured
 // to files kept elsewhere, and checks the files it writes against the library, its exit status and
-// its one-line error messages.
+// its one-line error messages. Output paths that are symbolic links, FIFOs, directories or other
+// flags' files are all made inside that directory.
 //
 // Tolerances: the CLI and these tests call the same library functions on the same data, so the
 // results are normally bitwise equal; but they are two separately compiled programs, and the
@@ -9,6 +10,7 @@
 // allows max|diff| <= 1e-6 * max|expected| in float (about 8 ulp of the largest value) and 1e-12 *
 // max|expected| in double (a margin far below any real error, far above reordering noise).
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,9 +64,17 @@ struct CliResult {
   std::string out, err;
 };
 
+// How run_cli connects the CLI's stdout.
+enum class Stdout {
+  File,        // a file in another directory, read back into CliResult::out
+  ClosedPipe,  // a pipe nobody reads (SIGPIPE ignored): every write fails with EPIPE
+};
+
 // Runs the CLI with `args` in directory `cwd`; stdout and stderr go to files in another directory,
-// so that `cwd` holds only what the CLI itself writes.
-CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd) {
+// so that `cwd` holds only what the CLI itself writes. A run that takes over two minutes (a hang,
+// e.g. on a FIFO) is killed and reported as status -2.
+CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd,
+                  Stdout stdout_to = Stdout::File) {
   const TempDir logs("gpt2-cli");
   const std::string out_path = logs.file("stdout"), err_path = logs.file("stderr");
   std::vector<std::string> argv_strings = {GPT2_CLI_PATH};
@@ -73,22 +83,44 @@ CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd) 
   for (std::string& s : argv_strings) argv.push_back(s.data());
   argv.push_back(nullptr);
 
+  int pipe_fds[2] = {-1, -1};
+  if (stdout_to == Stdout::ClosedPipe) {
+    if (::pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
+    ::close(pipe_fds[0]);  // no reader, before the child can write
+  }
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int out = stdout_to == Stdout::ClosedPipe
+                        ? pipe_fds[1]
+                        : ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (out < 0 || err < 0 || ::chdir(cwd.c_str()) != 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0)
       ::_exit(127);
+    if (stdout_to == Stdout::ClosedPipe) ::signal(SIGPIPE, SIG_IGN);  // kept across exec
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
+  if (pipe_fds[1] >= 0) ::close(pipe_fds[1]);
   int wstatus = 0;
-  while (::waitpid(pid, &wstatus, 0) < 0)
-    if (errno != EINTR) throw std::runtime_error("waitpid failed");
   CliResult r;
-  r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
-  r.out = read_text(out_path);
+  for (int waited_ms = 0;; waited_ms += 5) {
+    const pid_t done = ::waitpid(pid, &wstatus, WNOHANG);
+    if (done < 0 && errno != EINTR) throw std::runtime_error("waitpid failed");
+    if (done == pid) {
+      r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+      break;
+    }
+    if (waited_ms > 120000) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &wstatus, 0);
+      ADD_FAILURE() << "gpt2-attention did not finish within two minutes: killed";
+      r.status = -2;
+      break;
+    }
+    ::usleep(5000);
+  }
+  if (stdout_to == Stdout::File) r.out = read_text(out_path);
   r.err = read_text(err_path);
   return r;
 }
@@ -196,7 +228,9 @@ class CliTest : public ::testing::Test {
   }
 
   std::string file(const std::string& name) const { return dir.file(name); }
-  CliResult cli(const std::vector<std::string>& args) const { return run_cli(args, dir.path_string()); }
+  CliResult cli(const std::vector<std::string>& args, Stdout stdout_to = Stdout::File) const {
+    return run_cli(args, dir.path_string(), stdout_to);
+  }
 
   // run --weights w.safetensors --input x.npy --output y.npy --n-head 4, plus `extra`.
   CliResult run_default(const std::vector<std::string>& extra = {}) const {
@@ -341,11 +375,22 @@ TEST_F(CliTest, HelpPrintsUsageToStdout) {
   }
 }
 
-TEST_F(CliTest, NoCommandPrintsUsageToStderr) {
+TEST_F(CliTest, NoCommandIsOneLineOnStderr) {
   const CliResult r = cli({});
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "");
-  EXPECT_NE(r.err.find("usage: gpt2-attention"), std::string::npos);
+  EXPECT_EQ(r.err, "gpt2-attention: missing command (run, demo); see gpt2-attention --help\n");
+}
+
+TEST_F(CliTest, HelpThatCannotBeWrittenFails) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--help"}, {"run", "-h"}}) {
+    SCOPED_TRACE(args.front());
+    const CliResult r = cli(args, Stdout::ClosedPipe);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.err.rfind("gpt2-attention: cannot write to standard output", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -402,6 +447,16 @@ std::vector<BadCase> bad_cases() {
       {run({{"--dtype", "f16"}}), 2, {"--dtype", "f16"}},
       {{"run", "stray", "--weights", "w.safetensors"}, 2, {"unexpected argument", "stray"}},
       {run({{"--probs", "Y.npy"}}), 2, {"--output", "--probs", "same file"}},
+      {run({{"--probs", "./Y.npy"}}), 2, {"--output 'Y.npy' and --probs './Y.npy' name the same file"}},
+      {run({{"--output", "./Y.npy"}, {"--probs", "Y.npy"}}), 2, {"--output", "--probs", "same file"}},
+      {run({{"--probs", "ylink.npy"}}), 2, {"--output", "--probs", "ylink.npy", "same file"}},
+      {run({{"--output", "w.safetensors"}}), 2, {"--output and --weights name the same file"}},
+      {run({{"--output", "./w.safetensors"}}), 2, {"--output", "--weights", "same file"}},
+      {run({{"--output", "wlink"}}), 2, {"--output 'wlink' and --weights 'w.safetensors'"}},
+      {run({{"--probs", "w.safetensors"}}), 2, {"--probs and --weights name the same file"}},
+      {run({{"--probs", "x.npy"}}), 2, {"--probs and --input name the same file"}},
+      {run({{"--probs", "xlink.npy"}}), 2, {"--probs", "--input", "same file"}},
+      {run({{"--probs", "hard.npy"}}), 2, {"--probs", "--input", "same file"}},
       {{"demo", "--tokens", "0"}, 2, {"--tokens", "0"}},
       {{"demo", "--bogus", "1"}, 2, {"unknown flag", "--bogus"}},
       // The data are wrong: 1.
@@ -416,7 +471,9 @@ std::vector<BadCase> bad_cases() {
       {run({{"--input", "x60.npy"}}), 1, {"input", "x60.npy", "expected shape [T, 64], got [5, 60]"}},
       {run({{"--output", "nodir/Y.npy"}}), 1, {"output", "nodir/Y.npy"}},
       {run({{"--probs", "nodir/P.npy"}}), 1, {"probs", "nodir/P.npy"}},
-      {run({{"--probs", "adir"}}), 1, {"probs", "adir", "directory"}},
+      {run({{"--probs", "adir"}}), 1, {"probs adir: not a regular file (it is a directory)"}},
+      {run({{"--output", "fifo"}}), 1, {"output fifo: not a regular file (it is a FIFO)"}},
+      {run({{"--probs", "fifolink"}}), 1, {"probs fifolink: not a regular file (it links to fifo, a FIFO)"}},
       {{"demo", "--layer", "1"}, 1, {"embedded model", "layer 1"}},
       {{"demo", "--n-head", "5"}, 1, {"n_head", "768", "5"}},
       {{"demo", "--weights", "w.safetensors", "--n-head", "4"}, 1, {"w.safetensors", "wpe.weight"}},
@@ -433,6 +490,12 @@ TEST_F(CliTest, BadInputFailsCleanly) {
   gpt2::npy::write<float>(file("x3.npy"), std::vector<float>(2 * 3 * kC).data(), {2, 3, kC});
   gpt2::npy::write<float>(file("x60.npy"), RowMatrix<float>::Zero(5, 60));
   std::filesystem::create_directory(file("adir"));
+  std::filesystem::create_symlink("Y.npy", file("ylink.npy"));  // dangling: Y.npy does not exist
+  std::filesystem::create_symlink("w.safetensors", file("wlink"));
+  std::filesystem::create_symlink("x.npy", file("xlink.npy"));
+  std::filesystem::create_hard_link(file("x.npy"), file("hard.npy"));
+  ASSERT_EQ(::mkfifo(file("fifo").c_str(), 0644), 0);
+  std::filesystem::create_symlink("fifo", file("fifolink"));
   const std::vector<std::string> before = dir.list();
 
   for (const BadCase& c : bad_cases()) {
@@ -456,6 +519,82 @@ TEST_F(CliTest, FailedSecondWriteKeepsThePreviousOutput) {
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(read_text(file("Y.npy")), "previous content");
   const std::vector<std::string> expected = {"Y.npy", "w.safetensors", "x.npy"};
+  EXPECT_EQ(dir.list(), expected);
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the outputs replace
+// ---------------------------------------------------------------------------------------------
+
+bool is_symlink(const std::string& path) {
+  return std::filesystem::is_symlink(std::filesystem::symlink_status(path));
+}
+
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return static_cast<unsigned>(st.st_mode & 07777);
+}
+
+bool is_fifo(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
+TEST_F(CliTest, OutputsThroughSymlinksKeepTheLinks) {
+  std::filesystem::create_directory(file("real"));
+  write_text(file("real/y.npy"), "old");
+  std::filesystem::create_symlink("real/y.npy", file("ylink.npy"));
+  std::filesystem::create_symlink("real/p.npy", file("plink.npy"));  // dangling: p.npy is created
+  const CliResult r = cli(run_with({{"--output", "ylink.npy"}, {"--probs", "plink.npy"}}));
+  EXPECT_SUCCESS(r);
+  EXPECT_TRUE(is_symlink(file("ylink.npy")));
+  EXPECT_TRUE(is_symlink(file("plink.npy")));
+  const RowMatrix<float> y = read_npy_matrix<float>(file("real/y.npy"), kT, kC);
+  EXPECT_TRUE(gpt2::test::near(y, layer0.forward<float>(x, kHeads), kFloatTol));
+  EXPECT_EQ(read_npy<float>(file("real/p.npy"), {kHeads, kT, kT}).size(), std::size_t(kHeads * kT * kT));
+  const std::vector<std::string> expected = {"plink.npy", "real", "w.safetensors", "x.npy", "ylink.npy"};
+  EXPECT_EQ(dir.list(), expected);
+  EXPECT_EQ(dir.list("real"), (std::vector<std::string>{"p.npy", "y.npy"}));
+}
+
+TEST_F(CliTest, OutputsKeepTheirPermissionsAndNewOnesFollowTheUmask) {
+  write_text(file("Y.npy"), "old");
+  ASSERT_EQ(::chmod(file("Y.npy").c_str(), 0600), 0);
+  const mode_t saved = ::umask(027);  // inherited by the CLI
+  const CliResult r = cli(run_with({{"--probs", "P.npy"}}));
+  ::umask(saved);
+  EXPECT_SUCCESS(r);
+  EXPECT_EQ(mode_of(file("Y.npy")), 0600u);
+  EXPECT_EQ(mode_of(file("P.npy")), 0640u);
+  EXPECT_EQ(read_npy<float>(file("Y.npy"), {kT, kC}).size(), std::size_t(kT * kC));
+}
+
+TEST_F(CliTest, OutputThatIsNotARegularFileIsRefusedAndNothingIsWritten) {
+  ASSERT_EQ(::mkfifo(file("fifo").c_str(), 0644), 0);
+  write_text(file("Y.npy"), "previous content");
+  ASSERT_EQ(::chmod(file("Y.npy").c_str(), 0640), 0);
+  const CliResult r = cli(run_with({{"--probs", "fifo"}}));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err, "gpt2-attention: probs fifo: not a regular file (it is a FIFO)\n");
+  EXPECT_EQ(read_text(file("Y.npy")), "previous content");
+  EXPECT_EQ(mode_of(file("Y.npy")), 0640u);
+  EXPECT_TRUE(is_fifo(file("fifo")));
+  const std::vector<std::string> expected = {"Y.npy", "fifo", "w.safetensors", "x.npy"};
+  EXPECT_EQ(dir.list(), expected);
+}
+
+TEST_F(CliTest, OutputMayBeTheInput) {
+  // X is read in full before anything is written, so Y may replace it.
+  const CliResult r = cli(run_with({{"--output", "./x.npy"}}));
+  EXPECT_SUCCESS(r);
+  const RowMatrix<float> y = read_npy_matrix<float>(file("x.npy"), kT, kC);
+  EXPECT_TRUE(gpt2::test::near(y, layer0.forward<float>(x, kHeads), kFloatTol));
+  const CliResult again = cli(run_with({{"--output", "x.npy"}}));
+  EXPECT_SUCCESS(again);
+  const RowMatrix<float> y2 = read_npy_matrix<float>(file("x.npy"), kT, kC);
+  EXPECT_TRUE(gpt2::test::near(y2, layer0.forward<float>(y, kHeads), kFloatTol));
+  const std::vector<std::string> expected = {"w.safetensors", "x.npy"};
   EXPECT_EQ(dir.list(), expected);
 }
 

@@ -1,13 +1,21 @@
-// Tests of gpt2/npy.hpp: round trips, the exact bytes numpy.save writes, every malformed header
-// the reader rejects, and the atomic writer. When /usr/bin/python3 has numpy, files are also
+// Tests of gpt2/npy.hpp: round trips (from any row-major Eigen matrix), the exact bytes numpy.save
+// writes, every malformed header the reader rejects, and the atomic writer: what it replaces
+// (symbolic links followed, files that are not regular refused, permissions kept or from the
+// umask), StagedFile and the all-or-nothing commit_all. When /usr/bin/python3 has numpy, files are also
 // exchanged with numpy itself.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <string>
 #include <vector>
@@ -67,6 +75,36 @@ std::vector<float> iota_f(std::size_t n) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = float(i) * 0.25f - 1.0f;
   return v;
+}
+
+// The permission bits of `path` (following symbolic links).
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    ADD_FAILURE() << "cannot stat " << path;
+    return 0;
+  }
+  return static_cast<unsigned>(st.st_mode & 07777);
+}
+
+// Sets the process umask for the life of the guard (the tests run on one thread).
+class UmaskGuard {
+ public:
+  explicit UmaskGuard(mode_t mask) : old_(::umask(mask)) {}
+  UmaskGuard(const UmaskGuard&) = delete;
+  UmaskGuard& operator=(const UmaskGuard&) = delete;
+  ~UmaskGuard() { ::umask(old_); }
+
+ private:
+  mode_t old_;
+};
+
+bool is_symlink(const std::string& path) {
+  return std::filesystem::is_symlink(std::filesystem::symlink_status(path));
+}
+
+std::vector<double> read_doubles(const std::string& path) {
+  return npy::read(path).to_vector<double>();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -433,6 +471,7 @@ TEST(NpyWrite, MissingDirectoryThrowsAndLeavesNothing) {
 
 TEST(NpyWrite, ReplacesAnExistingFileAndLeavesNoTemporaries) {
   gpt2::test::TempDir dir;
+  const UmaskGuard umask(022);
   const std::string path = dir.file("a.npy");
   const std::vector<double> first = {1, 2}, second = {3, 4, 5, 6};
   npy::write(path, first.data(), {2});
@@ -441,21 +480,19 @@ TEST(NpyWrite, ReplacesAnExistingFileAndLeavesNoTemporaries) {
   EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2, 2}));
   EXPECT_EQ(a.to_vector<double>(), second);
   EXPECT_EQ(dir.list(), std::vector<std::string>{"a.npy"});
-  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
-            std::filesystem::perms(0644));
+  EXPECT_EQ(mode_of(path), 0644u);
 }
 
-TEST(NpyWrite, FailedRenameRemovesTheTemporary) {
+TEST(NpyWrite, DirectoryTargetIsRefusedAndLeavesNothing) {
   gpt2::test::TempDir dir;
   const std::string target = dir.file("taken");
   std::filesystem::create_directory(target);
-  std::filesystem::create_directory(
-      dir.file("taken/child"));  // a non-empty directory: rename fails
+  std::filesystem::create_directory(dir.file("taken/child"));
   const std::vector<float> f = iota_f(3);
   const std::string message = error_of<FormatError>([&] { npy::write(target, f.data(), {3}); });
-  EXPECT_TRUE(Contains(message, target + ": cannot rename the temporary file over it"));
+  EXPECT_EQ(message, target + ": not a regular file (it is a directory)");
   EXPECT_EQ(dir.list(), std::vector<std::string>{"taken"});
-  EXPECT_TRUE(std::filesystem::is_directory(dir.file("taken/child")));
+  EXPECT_EQ(dir.list("taken"), std::vector<std::string>{"child"});
 }
 
 TEST(NpyWrite, BadShapesAreShapeErrors) {
@@ -475,6 +512,334 @@ TEST(NpyWrite, BadShapesAreShapeErrors) {
   npy::write<float>(path, nullptr, {0, 4});  // empty arrays need no data
   EXPECT_EQ(npy::read(path).numel(), 0);
   EXPECT_EQ(dir.list(), std::vector<std::string>{"a.npy"});
+}
+
+// ---------------------------------------------------------------------------------------------
+// What write() replaces: symbolic links, files that are not regular, permission bits
+// ---------------------------------------------------------------------------------------------
+
+TEST(NpyWriteTarget, SymlinkStaysAndTheFileItPointsToIsReplaced) {
+  gpt2::test::TempDir dir;
+  std::filesystem::create_directory(dir.file("real"));
+  const std::vector<double> first = {1, 2}, second = {3, 4, 5}, third = {6};
+  npy::write(dir.file("real/a.npy"), first.data(), {2});
+  std::filesystem::create_symlink("real/a.npy", dir.file("link.npy"));  // relative to its dir
+  npy::write(dir.file("link.npy"), second.data(), {3});
+  EXPECT_TRUE(is_symlink(dir.file("link.npy")));
+  EXPECT_EQ(std::filesystem::read_symlink(dir.file("link.npy")), "real/a.npy");
+  EXPECT_EQ(read_doubles(dir.file("real/a.npy")), second);
+
+  // A chain of links, one of them absolute.
+  std::filesystem::create_symlink(dir.file("link.npy"), dir.file("chain.npy"));
+  npy::write(dir.file("chain.npy"), third.data(), {1});
+  EXPECT_TRUE(is_symlink(dir.file("chain.npy")));
+  EXPECT_TRUE(is_symlink(dir.file("link.npy")));
+  EXPECT_EQ(read_doubles(dir.file("real/a.npy")), third);
+
+  // A dangling link: the file it names is created.
+  std::filesystem::create_symlink("real/new.npy", dir.file("dangling.npy"));
+  npy::write(dir.file("dangling.npy"), first.data(), {2});
+  EXPECT_TRUE(is_symlink(dir.file("dangling.npy")));
+  EXPECT_EQ(read_doubles(dir.file("real/new.npy")), first);
+
+  EXPECT_EQ(dir.list(), (std::vector<std::string>{"chain.npy", "dangling.npy", "link.npy", "real"}));
+  EXPECT_EQ(dir.list("real"), (std::vector<std::string>{"a.npy", "new.npy"}));
+}
+
+TEST(NpyWriteTarget, SymlinkLoopIsAnError) {
+  gpt2::test::TempDir dir;
+  std::filesystem::create_symlink("b", dir.file("a"));
+  std::filesystem::create_symlink("a", dir.file("b"));
+  const std::vector<float> f = iota_f(2);
+  EXPECT_TRUE(Contains(error_of<FormatError>([&] { npy::write(dir.file("a"), f.data(), {2}); }),
+                       dir.file("a") + ": cannot follow the symbolic link: " + std::strerror(ELOOP)));
+  EXPECT_EQ(dir.list(), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(NpyWriteTarget, FilesThatAreNotRegularAreRefusedWithoutBlocking) {
+  gpt2::test::TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0644), 0);
+  std::filesystem::create_directory(dir.file("dir"));
+  std::filesystem::create_symlink("fifo", dir.file("fifolink"));
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string sock_path = dir.file("sock");
+  ASSERT_LT(sock_path.size(), sizeof addr.sun_path);
+  std::memcpy(addr.sun_path, sock_path.c_str(), sock_path.size() + 1);
+  ASSERT_EQ(::bind(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  const std::vector<std::string> before = dir.list();
+
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"fifo", "(it is a FIFO)"},
+      {"dir", "(it is a directory)"},
+      {"sock", "(it is a socket)"},
+      {"fifolink", "(it links to " + dir.file("fifo") + ", a FIFO)"}};
+  const std::vector<float> f = iota_f(3);
+  for (const auto& [name, kind] : cases) {
+    SCOPED_TRACE(name);
+    const std::string path = dir.file(name);
+    // Opening the FIFO for writing would block (no reader): run the write where a hang shows.
+    auto result = std::async(std::launch::async, [&] {
+      return error_of<FormatError>([&] { npy::write(path, f.data(), {3}); });
+    });
+    if (result.wait_for(std::chrono::seconds(20)) == std::future_status::timeout) {
+      ADD_FAILURE() << "npy::write blocked on " << path;
+      const int reader = ::open(dir.file("fifo").c_str(), O_RDONLY | O_NONBLOCK);  // unblock it
+      result.wait();
+      ::close(reader);
+      continue;
+    }
+    EXPECT_EQ(result.get(), path + ": not a regular file " + kind);
+  }
+  ::close(sock);
+  EXPECT_EQ(dir.list(), before);
+  struct stat st {};
+  ASSERT_EQ(::lstat(dir.file("fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(::lstat(dir.file("sock").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_TRUE(is_symlink(dir.file("fifolink")));
+}
+
+TEST(NpyWriteTarget, ExistingPermissionsAreKept) {
+  gpt2::test::TempDir dir;
+  const UmaskGuard umask(022);
+  const std::vector<double> v = {1, 2};
+  for (const unsigned mode : {0600u, 0640u, 0755u, 0444u}) {
+    SCOPED_TRACE(mode);
+    const std::string path = dir.file("a.npy");
+    gpt2::test::write_text(path, "old");
+    ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+    npy::write(path, v.data(), {2});
+    EXPECT_EQ(mode_of(path), mode);
+    EXPECT_EQ(read_doubles(path), v);
+  }
+  // Through a symbolic link: the mode of the file it points to.
+  std::filesystem::create_symlink("a.npy", dir.file("link.npy"));
+  ASSERT_EQ(::chmod(dir.file("a.npy").c_str(), 0600), 0);
+  npy::write(dir.file("link.npy"), v.data(), {2});
+  EXPECT_EQ(mode_of(dir.file("a.npy")), 0600u);
+  EXPECT_EQ(dir.list(), (std::vector<std::string>{"a.npy", "link.npy"}));
+}
+
+TEST(NpyWriteTarget, NewFilesFollowTheUmask) {
+  gpt2::test::TempDir dir;
+  const std::vector<double> v = {1, 2};
+  for (const auto& [mask, expected] :
+       std::vector<std::pair<mode_t, unsigned>>{{022, 0644}, {027, 0640}, {077, 0600}, {002, 0664}}) {
+    SCOPED_TRACE(mask);
+    const UmaskGuard umask(mask);
+    const std::string path = dir.file("new" + std::to_string(mask) + ".npy");
+    npy::write(path, v.data(), {2});
+    EXPECT_EQ(mode_of(path), expected);
+  }
+  EXPECT_EQ(dir.list().size(), 4u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Any row-major Eigen matrix
+// ---------------------------------------------------------------------------------------------
+
+TYPED_TEST(NpyRoundTrip, MapsRefsBlocksAndExpressions) {
+  using T = TypeParam;
+  using Matrix = gpt2::RowMatrix<T>;
+  gpt2::test::TempDir dir;
+  Matrix m(4, 5);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = T(i) / T(4) - T(1);
+  const auto written = [&](const auto& expression) {
+    const std::string path = dir.file("m.npy");
+    npy::write(path, expression);
+    const npy::Array a = npy::read(path);
+    EXPECT_EQ(a.dtype, npy::dtype_of<T>());
+    return a.template to_matrix<T>();
+  };
+  EXPECT_EQ(written(Eigen::Map<const Matrix>(m.data(), 4, 5)), m);
+  EXPECT_EQ(written(Eigen::Map<Matrix>(m.data(), 2, 10)),
+            Eigen::Map<const Matrix>(m.data(), 2, 10));
+  EXPECT_EQ(written(Eigen::Ref<const Matrix>(m)), m);
+  EXPECT_EQ(written(m.middleRows(1, 2)), Matrix(m.middleRows(1, 2)));  // contiguous rows
+  EXPECT_EQ(written(m.block(1, 1, 2, 3)), Matrix(m.block(1, 1, 2, 3)));  // row stride 5
+  const Eigen::Ref<const Matrix, 0, Eigen::OuterStride<>> strided = m.block(0, 2, 4, 2);
+  EXPECT_EQ(written(strided), Matrix(m.block(0, 2, 4, 2)));
+  EXPECT_EQ(written(m * T(2)), Matrix(m * T(2)));  // an expression
+  EXPECT_EQ(written(m.row(2)), Matrix(m.row(2)));
+  EXPECT_EQ(written(m.col(3)), Matrix(m.col(3)));  // a column: stride 5
+  const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> col_major = m;
+  EXPECT_EQ(written(col_major.transpose()), Matrix(m.transpose()));
+  EXPECT_EQ(written(Matrix(0, 5)).rows(), 0);
+  EXPECT_EQ(dir.list(), std::vector<std::string>{"m.npy"});
+
+  // Another scalar type, converted explicitly.
+  npy::write<double>(dir.file("d.npy"), m);
+  EXPECT_EQ(npy::read(dir.file("d.npy")).dtype, npy::Dtype::F64);
+  EXPECT_EQ(npy::read(dir.file("d.npy")).to_matrix<double>(), m.template cast<double>());
+}
+
+// ---------------------------------------------------------------------------------------------
+// StagedFile and commit_all
+// ---------------------------------------------------------------------------------------------
+
+TEST(NpyStagedFile, StageCommitAndDiscard) {
+  gpt2::test::TempDir dir;
+  const std::string path = dir.file("a.npy");
+  gpt2::test::write_text(path, "old");
+  const std::vector<double> v = {1, 2, 3};
+  {
+    npy::StagedFile staged = npy::StagedFile::stage(path, v.data(), {3});
+    EXPECT_TRUE(staged.staged());
+    EXPECT_EQ(staged.path(), path);
+    EXPECT_EQ(staged.target(), path);
+    EXPECT_EQ(staged.temporary().rfind(path + ".tmp-", 0), 0u) << staged.temporary();
+    EXPECT_EQ(gpt2::test::read_text(path), "old");  // not committed yet
+    EXPECT_EQ(read_doubles(staged.temporary()), v);
+    EXPECT_EQ(dir.list().size(), 2u);
+  }  // destroyed uncommitted: the temporary goes
+  EXPECT_EQ(dir.list(), std::vector<std::string>{"a.npy"});
+  EXPECT_EQ(gpt2::test::read_text(path), "old");
+
+  npy::StagedFile discarded = npy::StagedFile::stage(path, v.data(), {3});
+  discarded.discard();
+  EXPECT_FALSE(discarded.staged());
+  EXPECT_EQ(dir.list(), std::vector<std::string>{"a.npy"});
+  EXPECT_TRUE(Contains(error_of<FormatError>([&] { discarded.commit(); }), "nothing staged"));
+
+  npy::StagedFile first = npy::StagedFile::stage(path, v.data(), {3});
+  npy::StagedFile moved = std::move(first);
+  EXPECT_FALSE(first.staged());  // NOLINT(bugprone-use-after-move): moved-from is empty
+  moved.commit();
+  EXPECT_FALSE(moved.staged());
+  EXPECT_EQ(read_doubles(path), v);
+  EXPECT_EQ(dir.list(), std::vector<std::string>{"a.npy"});
+  EXPECT_TRUE(Contains(error_of<FormatError>([&] { moved.commit(); }), "nothing staged"));
+}
+
+TEST(NpyStagedFile, TemporaryIsBesideTheFileALinkPointsTo) {
+  gpt2::test::TempDir dir;
+  std::filesystem::create_directory(dir.file("real"));
+  std::filesystem::create_symlink("real/a.npy", dir.file("link.npy"));
+  const std::vector<double> v = {1};
+  npy::StagedFile staged = npy::StagedFile::stage(dir.file("link.npy"), v.data(), {1});
+  EXPECT_EQ(staged.target(), dir.file("real/a.npy"));
+  EXPECT_EQ(staged.temporary().rfind(dir.file("real/a.npy.tmp-"), 0), 0u) << staged.temporary();
+  EXPECT_EQ(dir.list(), (std::vector<std::string>{"link.npy", "real"}));
+  staged.commit();
+  EXPECT_EQ(dir.list("real"), std::vector<std::string>{"a.npy"});
+}
+
+TEST(NpyStagedFile, CommitChecksTheTargetAgain) {
+  gpt2::test::TempDir dir;
+  const std::string path = dir.file("a.npy");
+  const std::vector<double> v = {1};
+  npy::StagedFile staged = npy::StagedFile::stage(path, v.data(), {1});
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);  // appears after staging
+  EXPECT_EQ(error_of<FormatError>([&] { staged.commit(); }),
+            path + ": not a regular file (it is a FIFO)");
+  EXPECT_FALSE(staged.staged());
+  EXPECT_EQ(dir.list(), std::vector<std::string>{"a.npy"});
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+// Stages `values` [n] for each path.
+std::vector<npy::StagedFile> stage_all(const std::vector<std::string>& paths,
+                                       const std::vector<double>& values) {
+  std::vector<npy::StagedFile> files;
+  for (const std::string& p : paths)
+    files.push_back(npy::StagedFile::stage(p, values.data(), {std::int64_t(values.size())}));
+  return files;
+}
+
+TEST(NpyCommitAll, CommitsEveryFile) {
+  gpt2::test::TempDir dir;
+  gpt2::test::write_text(dir.file("a.npy"), "old a");
+  ASSERT_EQ(::chmod(dir.file("a.npy").c_str(), 0600), 0);
+  const std::vector<double> v = {1, 2};
+  std::vector<npy::StagedFile> files =
+      stage_all({dir.file("a.npy"), dir.file("b.npy"), dir.file("c.npy")}, v);
+  npy::commit_all(files);
+  for (const char* name : {"a.npy", "b.npy", "c.npy"}) EXPECT_EQ(read_doubles(dir.file(name)), v);
+  EXPECT_EQ(mode_of(dir.file("a.npy")), 0600u);
+  EXPECT_EQ(dir.list(), (std::vector<std::string>{"a.npy", "b.npy", "c.npy"}));  // no backups
+  for (const npy::StagedFile& f : files) EXPECT_FALSE(f.staged());
+}
+
+TEST(NpyCommitAll, FailedLaterCommitRestoresTheEarlierTargets) {
+  gpt2::test::TempDir dir;
+  gpt2::test::write_text(dir.file("a.npy"), "old a");
+  ASSERT_EQ(::chmod(dir.file("a.npy").c_str(), 0640), 0);
+  struct stat before {};
+  ASSERT_EQ(::stat(dir.file("a.npy").c_str(), &before), 0);
+  gpt2::test::write_text(dir.file("c.npy"), "old c");
+  const std::vector<double> v = {1, 2};
+  // a.npy exists, n.npy is new, c.npy exists and fails: its temporary vanishes after staging.
+  std::vector<npy::StagedFile> files =
+      stage_all({dir.file("a.npy"), dir.file("n.npy"), dir.file("c.npy")}, v);
+  ASSERT_EQ(::unlink(files[2].temporary().c_str()), 0);
+  const std::string message = error_of<FormatError>([&] { npy::commit_all(files); });
+  EXPECT_EQ(message, dir.file("c.npy") + ": cannot rename the temporary file over it: " +
+                         std::strerror(ENOENT) + " (rolled back: " + dir.file("n.npy") + ", " +
+                         dir.file("a.npy") + ")");
+  EXPECT_EQ(gpt2::test::read_text(dir.file("a.npy")), "old a");
+  EXPECT_EQ(gpt2::test::read_text(dir.file("c.npy")), "old c");
+  struct stat after {};
+  ASSERT_EQ(::stat(dir.file("a.npy").c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);  // the very file, restored from its hard link
+  EXPECT_EQ(after.st_mode & 07777, 0640u);
+  EXPECT_EQ(dir.list(), (std::vector<std::string>{"a.npy", "c.npy"}));  // no n.npy, no leftovers
+  for (const npy::StagedFile& f : files) EXPECT_FALSE(f.staged());
+}
+
+TEST(NpyCommitAll, RefusesBeforeCommittingAnything) {
+  gpt2::test::TempDir dir;
+  gpt2::test::write_text(dir.file("a.npy"), "old a");
+  const std::vector<double> v = {1, 2};
+  std::vector<npy::StagedFile> files = stage_all({dir.file("a.npy"), dir.file("b.npy")}, v);
+  ASSERT_EQ(::mkfifo(dir.file("b.npy").c_str(), 0644), 0);
+  EXPECT_EQ(error_of<FormatError>([&] { npy::commit_all(files); }),
+            dir.file("b.npy") + ": not a regular file (it is a FIFO)");
+  EXPECT_EQ(gpt2::test::read_text(dir.file("a.npy")), "old a");
+  EXPECT_EQ(dir.list(), (std::vector<std::string>{"a.npy", "b.npy"}));
+
+  // The same file twice, under two names.
+  std::filesystem::create_symlink("a.npy", dir.file("link.npy"));
+  files = stage_all({dir.file("a.npy"), dir.path_string() + "/./link.npy"}, v);
+  EXPECT_TRUE(Contains(error_of<FormatError>([&] { npy::commit_all(files); }),
+                       "link.npy: names the same file as " + dir.file("a.npy")));
+  EXPECT_EQ(gpt2::test::read_text(dir.file("a.npy")), "old a");
+  EXPECT_EQ(dir.list(), (std::vector<std::string>{"a.npy", "b.npy", "link.npy"}));
+}
+
+TEST(NpyCommitAll, BackupsKeepTheOldFile) {
+  gpt2::test::TempDir dir;
+  const std::string path = dir.file("a.npy");
+  gpt2::test::write_text(path, "old content");
+  ASSERT_EQ(::chmod(path.c_str(), 0640), 0);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+
+  const std::string link = npy::detail::make_backup(path, path, 0640);  // a hard link
+  EXPECT_EQ(link.rfind(path + ".bak-", 0), 0u) << link;
+  struct stat linked {};
+  ASSERT_EQ(::stat(link.c_str(), &linked), 0);
+  EXPECT_EQ(linked.st_ino, st.st_ino);
+
+  const std::string copy = npy::detail::copy_backup(path, path, 0640);  // where links fail
+  EXPECT_EQ(copy.rfind(path + ".bak-", 0), 0u) << copy;
+  EXPECT_EQ(gpt2::test::read_text(copy), "old content");
+  EXPECT_EQ(mode_of(copy), 0640u);
+  struct stat copied {};
+  ASSERT_EQ(::stat(copy.c_str(), &copied), 0);
+  EXPECT_NE(copied.st_ino, st.st_ino);
+  EXPECT_EQ(dir.list().size(), 3u);
+
+  EXPECT_TRUE(Contains(error_of<FormatError>([&] {
+                         npy::detail::copy_backup(dir.file("x"), dir.file("missing"), 0600);
+                       }),
+                       dir.file("x") + ": cannot back up its previous content: cannot open: "));
+  EXPECT_EQ(dir.list().size(), 3u);
 }
 
 }  // namespace

@@ -879,6 +879,52 @@ TEST(LoadAttention, WrongShapeNamesTensorExpectedAndActual) {
       "h.0.attn.c_attn.bias: expected shape [24], got [16]"));
 }
 
+TEST(LoadAttention, NEmbdComesFromTheBiasesNotTheWeights) {
+  // c_attn.weight [7, 24] in a C = 8 layer: reported against C = 8, not C = 7.
+  std::vector<Tensor> tensors = attention_tensors("h.0.attn.", "F32");
+  tensors[0] = {"h.0.attn.c_attn.weight", "F32", {7, 24}, bytes_of(synthetic(7 * 24, 0))};
+  MemoryFile weight(tensors);
+  EXPECT_EQ(
+      error_of<ShapeError>([&] { gpt2::safetensors::load_attention<float>(weight.file, 0, 2); }),
+      "layer.safetensors: h.0.attn.c_attn.weight: expected shape [8, 24], got [7, 24]");
+
+  // c_proj.bias [7] when everything else says C = 8: c_proj.bias is the one reported.
+  tensors = attention_tensors("h.0.attn.", "F32");
+  tensors[3] = {"h.0.attn.c_proj.bias", "F32", {7}, bytes_of(synthetic(7, 3))};
+  MemoryFile bias(tensors);
+  EXPECT_EQ(
+      error_of<ShapeError>([&] { gpt2::safetensors::load_attention<float>(bias.file, 0, 2); }),
+      "layer.safetensors: h.0.attn.c_proj.bias: expected shape [8], got [7]");
+}
+
+TEST(LoadAttention, TransposedCAttnWeightGetsAHint) {
+  // nn.Linear stores c_attn as [3C, C]; GPT-2's Conv1D as [in, out] = [C, 3C].
+  const std::string hint = " (looks like nn.Linear [out, in]; GPT-2's Conv1D stores [in, out])";
+  std::vector<Tensor> tensors = attention_tensors("h.0.attn.", "F32");
+  tensors[0].shape = {24, 8};
+  MemoryFile small(tensors);
+  EXPECT_EQ(
+      error_of<ShapeError>([&] { gpt2::safetensors::load_attention<float>(small.file, 0, 2); }),
+      "layer.safetensors: h.0.attn.c_attn.weight: expected shape [8, 24], got [24, 8]" + hint);
+
+  tensors = attention_tensors("transformer.h.0.attn.", "F16", 128);
+  tensors[0].shape = {384, 128};
+  MemoryFile gpt2_like(tensors);
+  EXPECT_EQ(error_of<ShapeError>(
+                [&] { gpt2::safetensors::load_attention<float>(gpt2_like.file, 0); }),
+            "layer.safetensors: transformer.h.0.attn.c_attn.weight: expected shape [128, 384], "
+            "got [384, 128]" +
+                hint);
+
+  // Any other wrong shape gets no hint.
+  tensors = attention_tensors("h.0.attn.", "F32");
+  tensors[0].shape = {12, 16};
+  MemoryFile other(tensors);
+  const std::string message =
+      error_of<ShapeError>([&] { gpt2::safetensors::load_attention<float>(other.file, 0, 2); });
+  EXPECT_EQ(message, "layer.safetensors: h.0.attn.c_attn.weight: expected shape [8, 24], got [12, 16]");
+}
+
 TEST(LoadAttention, WrongRankOrDtypeIsCheckedFirst) {
   std::vector<Tensor> tensors = attention_tensors("h.0.attn.", "F32");
   tensors[1].shape = {3, 8};

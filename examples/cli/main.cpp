@@ -6,7 +6,10 @@
 //
 // Exit status: 0 success, 2 a malformed command line (cli::UsageError), 1 anything wrong with the
 // data (gpt2::Error: files, tensors, shapes, configuration). Errors are one line on stderr,
-// "gpt2-attention: <problem>", and no output file is left behind.
+// "gpt2-attention: <problem>", and no output file is left behind. Output that cannot be written to
+// stdout (a full disk, a closed pipe) is an error too (status 1).
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <new>
@@ -32,7 +35,8 @@ void report_error(const std::string& message, bool usage) {
 int dispatch(const std::vector<std::string>& args) {
   using namespace gpt2::cli;
   if (args.empty()) {
-    std::cerr << usage_text();
+    std::cerr << "gpt2-attention: missing command (run, demo); see gpt2-attention --help"
+              << std::endl;
     return kExitUsage;
   }
   const std::string& command = args.front();
@@ -54,11 +58,26 @@ int dispatch(const std::vector<std::string>& args) {
   return command == "run" ? run_command(flags) : demo_command(flags, std::cout);
 }
 
+// Flushes stdout; false (with a one-line message on stderr) if anything written to it was lost,
+// e.g. a full disk or a closed pipe.
+bool flush_stdout() {
+  errno = 0;
+  std::cout.flush();
+  if (std::cout) return true;
+  const int err = errno;
+  report_error(std::string("cannot write to standard output") +
+                   (err != 0 ? std::string(": ") + std::strerror(err) : std::string()),
+               false);
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
-    return dispatch(std::vector<std::string>(argv + 1, argv + argc));
+    const int status = dispatch(std::vector<std::string>(argv + 1, argv + argc));
+    if (!flush_stdout()) return kExitData;
+    return status;
   } catch (const gpt2::cli::UsageError& e) {
     report_error(e.what(), true);
     return kExitUsage;

@@ -3,7 +3,8 @@
 //   Y = attention(c_attn, c_proj of layer L)(X)     X [T, C] -> Y [T, C]  (and probs [n_head, T, T])
 //
 // Everything is read, checked and computed in memory first; the files are written last, all or
-// nothing (output_files.hpp).
+// nothing (output_files.hpp). So --output may name the --input file; no output may name the
+// --weights file, and --probs may name neither the input nor --output (checked up front).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include "args.hpp"
 #include "gpt2/attention.hpp"
+#include "gpt2/detail/io_util.hpp"
 #include "gpt2/npy.hpp"
 #include "gpt2/safetensors.hpp"
 #include "output_files.hpp"
@@ -40,6 +42,29 @@ inline Precision parse_precision(const Flags& flags) {
   throw UsageError("--dtype: expected f32 or f64, got '" + dtype + "'");
 }
 
+// UsageError unless `a` (--flag_a) and `b` (--flag_b) are different files: compared as weakly
+// canonical paths with symbolic links followed and, when both exist, by (st_dev, st_ino), so
+// "out.npy", "./out.npy", a symlink to it and a hard link all count as the same file.
+inline void check_not_same_file(const std::string& flag_a, const std::string& a,
+                                const std::string& flag_b, const std::string& b) {
+  if (!gpt2::detail::same_file(a, b)) return;
+  if (a == b)
+    throw UsageError("--" + flag_a + " and --" + flag_b + " name the same file '" + a + "'");
+  throw UsageError("--" + flag_a + " '" + a + "' and --" + flag_b + " '" + b +
+                   "' name the same file");
+}
+
+// The outputs must not overwrite each other, the checkpoint, or (for --probs) the input. --output
+// may name the input: X is read in full before anything is written.
+inline void check_distinct_files(const RunOptions& o) {
+  if (!o.probs.empty()) check_not_same_file("output", o.output, "probs", o.probs);
+  check_not_same_file("output", o.output, "weights", o.weights);
+  if (!o.probs.empty()) {
+    check_not_same_file("probs", o.probs, "weights", o.weights);
+    check_not_same_file("probs", o.probs, "input", o.input);
+  }
+}
+
 inline RunOptions parse_run_options(const Flags& flags) {
   RunOptions o;
   o.weights = flags.required("weights");
@@ -49,8 +74,7 @@ inline RunOptions parse_run_options(const Flags& flags) {
   o.layer = static_cast<int>(flags.integer_or("layer", 0, 0, 1000000));
   o.n_head = static_cast<Index>(flags.integer_or("n-head", 0, 1, 1000000));
   o.precision = parse_precision(flags);
-  if (o.probs == o.output)
-    throw UsageError("--output and --probs name the same file '" + o.output + "'");
+  check_distinct_files(o);
   return o;
 }
 
@@ -126,12 +150,14 @@ RunResult<T> compute_run(const RunOptions& o) {
 template <class T>
 void write_run_result(const RunOptions& o, const RunResult<T>& r) {
   std::vector<PendingFile> files;
-  files.push_back({"output", o.output, [&](const std::string& path) { npy::write<T>(path, r.out); }});
+  files.push_back({"output", o.output, [&r](const std::string& path) {
+                     return npy::StagedFile::stage<T>(path, r.out);
+                   }});
   if (!o.probs.empty()) {
     const auto T_ = static_cast<std::int64_t>(r.out.rows());
     const std::vector<std::int64_t> shape = {static_cast<std::int64_t>(r.n_head), T_, T_};
     files.push_back({"probs", o.probs, [&r, shape](const std::string& path) {
-                       npy::write<T>(path, r.probs.data(), shape);
+                       return npy::StagedFile::stage<T>(path, r.probs.data(), shape);
                      }});
   }
   write_all_or_nothing(files);

@@ -1,4 +1,4 @@
-// The usage text of gpt2-attention (printed by help, --help, -h; on stderr without a command).
+// The usage text of gpt2-attention (printed on stdout by help, --help, -h).
 #pragma once
 
 #include <string>
@@ -30,7 +30,10 @@ inline std::string usage_text() {
       "                   input to double, compute in double, write float64\n"
       "  --probs P.npy    also write the attention probabilities [n_head, T, T], same dtype\n"
       "  Everything is computed before anything is written, and the outputs appear together or not\n"
-      "  at all (written beside their targets, then renamed).\n"
+      "  at all (written beside their targets, then renamed). --output may name the --input file;\n"
+      "  no output may name --weights, nor --probs the input or --output. An output that is a\n"
+      "  symbolic link stays one (the file it points to is replaced); an existing output keeps its\n"
+      "  permissions; one that is not a regular file (a directory, FIFO, device) is refused.\n"
       "\n"
       "demo: what each head attends to, and the speed of the forward pass.\n"
       "  (no --weights)   an embedded model built in code, C = %td, %td heads of %td (GPT-2 small's\n"
@@ -52,10 +55,11 @@ inline std::string usage_text() {
       "\n"
       "Flags may be written --flag VALUE or --flag=VALUE, each at most once.\n"
       "Errors: one line on stderr, starting with 'gpt2-attention: '. Exit status: 0 success;\n"
-      "  2 the command line is wrong by itself (unknown, missing or repeated flag, flag without value,\n"
-      "    bad or out-of-range number, unknown dtype, stray argument, unknown command);\n"
+      "  2 the command line is wrong by itself (missing or unknown command, unknown, missing or\n"
+      "    repeated flag, flag without value, bad or out-of-range number, unknown dtype, stray\n"
+      "    argument, two flags naming the same file);\n"
       "  1 the data are wrong (missing or malformed file, missing tensors for the layer, bad shapes,\n"
-      "    n_head not dividing n_embd, T beyond wpe, a file that cannot be written).\n",
+      "    n_head not dividing n_embd, T beyond wpe, a file that cannot be written, stdout lost).\n",
       kDemoEmbd, kDemoHeads, kDemoHeadDim, kFirstAnalysedRow + 1, kDemoMaxTokens, kDemoDefaultTokens,
       kFirstAnalysedRow, kDominant, kEven, kLocalDistance, kMinTimedRuns, kMinTimedSeconds, kWarmupRuns);
 }

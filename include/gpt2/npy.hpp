@@ -10,16 +10,30 @@
 //
 // The reader checks every field and sizes before allocating anything; each problem is a
 // gpt2::FormatError naming the file and the problem. The writer produces exactly what numpy.save
-// writes (version 1.0, header padded to 64 bytes) and replaces its target atomically.
+// writes (version 1.0, header padded to 64 bytes) and replaces its target atomically:
 //
-// Requires a little-endian host and POSIX (mkstemp, rename) for the atomic write.
+//   StagedFile::stage(path, ...)  writes the whole file to "<target>.tmp-XXXXXX" beside the real
+//                                 target (a symlink at `path` is followed: the link stays, the file
+//                                 it points to is replaced); refuses a target that exists and is
+//                                 not a regular file (directory, FIFO, device, socket)
+//   StagedFile::commit()          renames the temporary over the target
+//   commit_all(files)             commits several staged files all or nothing
+//   write(path, ...)              stage + commit
+//
+// An existing target keeps its permission bits; a new file gets 0666 & ~umask, like open(2).
+// Ownership, ACLs and extended attributes of an existing target are not carried over, and hard
+// links to it keep the old content (the target is a new inode).
+//
+// Requires a little-endian host and POSIX (mkstemp, rename, link).
 #pragma once
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpt2/detail/io_util.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/types.hpp"
 
@@ -52,9 +67,7 @@ inline const char* dtype_descr(Dtype dtype) { return dtype == Dtype::F32 ? "<f4"
 // The dtype stored for T: F32 for float, F64 for double.
 template <class T>
 constexpr Dtype dtype_of() {
-  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
-                "gpt2::npy: T must be float or double");
-  return std::is_same<T, float>::value ? Dtype::F32 : Dtype::F64;
+  return gpt2::detail::float_dtype<T>(Dtype::F32, Dtype::F64);
 }
 
 // A loaded array: `bytes` holds numel() * dtype_size(dtype) little-endian values in C order and is
@@ -288,21 +301,7 @@ inline std::string data_bytes(const std::vector<std::int64_t>& shape, Dtype dtyp
            shape_str + ")";
   for (std::int64_t d : shape)
     if (d < 0) return "negative dimension in shape " + shape_str;
-  const std::uint64_t limit = std::min<std::uint64_t>(std::numeric_limits<std::int64_t>::max(),
-                                                      std::numeric_limits<std::size_t>::max());
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) {
-    bytes = 0;  // an empty array, whatever the other dimensions
-    return "";
-  }
-  std::uint64_t numel = 1;
-  for (std::int64_t d : shape) {
-    if (numel > limit / static_cast<std::uint64_t>(d))
-      return "shape " + shape_str + ": element count overflows";
-    numel *= static_cast<std::uint64_t>(d);
-  }
-  if (numel > limit / dtype_size(dtype)) return "shape " + shape_str + ": byte size overflows";
-  bytes = static_cast<std::size_t>(numel * dtype_size(dtype));
-  return "";
+  return gpt2::detail::checked_byte_size(shape, dtype_size(dtype), dtype_descr(dtype), bytes);
 }
 
 // Interprets the header dict: exactly the keys descr, fortran_order and shape.
@@ -399,79 +398,101 @@ inline std::string encode_header(Dtype dtype, const std::vector<std::int64_t>& s
   return out + dict;
 }
 
-// Writes all n bytes to fd, retrying short writes and EINTR. Returns false with errno set.
-inline bool write_all(int fd, const void* data, std::size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
+// "a directory", "a FIFO", ...: what a file that is not a regular file is.
+inline std::string file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "of an unknown type";
 }
 
-// Reads exactly n bytes from fd at offset into out. Returns false with errno set (EIO on a short
-// file: it changed under us).
-inline bool read_all(int fd, unsigned char* out, std::size_t n, std::uint64_t offset) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, out, n, static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return false;
-    if (r == 0) {
-      errno = EIO;
-      return false;
-    }
-    out += r;
-    n -= static_cast<std::size_t>(r);
-    offset += static_cast<std::uint64_t>(r);
-  }
-  return true;
-}
-
-// A temporary file "<path>.tmp-XXXXXX" beside `path`, removed by the destructor unless committed
-// (renamed over `path`). Every failure throws FormatError naming `path` and strerror.
-class AtomicFile {
- public:
-  explicit AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp-XXXXXX") {
-    fd_ = ::mkstemp(tmp_.data());
-    if (fd_ < 0) fail("cannot create a temporary file beside it");
-    created_ = true;
-    if (::fchmod(fd_, 0644) != 0) fail("cannot set the permissions of the temporary file");
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (created_) ::unlink(tmp_.c_str());
-  }
-
-  // Appends n bytes.
-  void write(const void* data, std::size_t n) {
-    if (!write_all(fd_, data, n)) fail("cannot write");
-  }
-
-  // Closes the temporary and renames it over `path`.
-  void commit() {
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) fail("cannot write (close failed)");
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-      fail("cannot rename the temporary file over it");
-    created_ = false;  // it is `path` now
-  }
-
- private:
-  [[noreturn]] void fail(const char* what) const {
-    const int saved = errno;
-    throw FormatError(path_ + ": " + what + ": " + std::strerror(saved));
-  }
-
-  std::string path_;
-  std::string tmp_;
-  int fd_ = -1;
-  bool created_ = false;  // the temporary exists and must be removed
+// What is at an output target: nothing, or a regular file with these permission bits.
+struct TargetState {
+  bool exists = false;
+  mode_t mode = 0;  // st_mode & 07777 when it exists
 };
+
+// lstat(target) (`target` is `path` with its symbolic links followed). Throws FormatError
+// "<path>: not a regular file (it is a FIFO)" for anything but a regular file or nothing. Never
+// opens the target, so a FIFO cannot block and a device is never touched.
+inline TargetState check_target(const std::string& path, const std::string& target) {
+  struct stat st {};
+  if (::lstat(target.c_str(), &st) != 0) {
+    if (errno == ENOENT) return {};
+    throw error(path, std::string("cannot stat: ") + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const std::string kind = file_kind(st.st_mode);
+    throw error(path, "not a regular file (" +
+                          (target == path ? "it is " + kind : "it links to " + target + ", " + kind) +
+                          ")");
+  }
+  return {true, static_cast<mode_t>(st.st_mode & 07777)};
+}
+
+// "<pid>-<n>", n counting up within the process: part of a fresh file name.
+inline std::string unique_suffix() {
+  static std::atomic<unsigned long> counter{0};
+  return std::to_string(static_cast<long>(::getpid())) + "-" + std::to_string(counter++);
+}
+
+// Copies the regular file `target` to a new "<target>.bak-XXXXXX" with permission bits `mode`;
+// returns its name. Throws FormatError naming `path` (nothing is left behind).
+inline std::string copy_backup(const std::string& path, const std::string& target, mode_t mode) {
+  const auto fail = [&](const std::string& what, int err) {
+    return error(path, "cannot back up its previous content: " + what + ": " + std::strerror(err));
+  };
+  gpt2::detail::FdCloser in(::open(target.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (in.get() < 0) throw fail("cannot open", errno);
+  struct stat st {};
+  if (::fstat(in.get(), &st) != 0) throw fail("cannot stat", errno);
+  if (!S_ISREG(st.st_mode)) throw fail("not a regular file", EINVAL);
+  std::string name = target + ".bak-XXXXXX";
+  gpt2::detail::FdCloser out(::mkstemp(name.data()));
+  if (out.get() < 0) throw fail("cannot create a file beside it", errno);
+  const auto remove_and_throw = [&](const char* what) {
+    const int err = errno;
+    out.reset();
+    ::unlink(name.c_str());
+    throw fail(what, err);
+  };
+  if (::fchmod(out.get(), mode) != 0) remove_and_throw("cannot set the permissions of the copy");
+  std::vector<unsigned char> buffer(1 << 16);
+  for (;;) {
+    const ssize_t r = ::read(in.get(), buffer.data(), buffer.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) remove_and_throw("cannot read");
+    if (r == 0) break;
+    if (!gpt2::detail::write_all(out.get(), buffer.data(), static_cast<std::size_t>(r)))
+      remove_and_throw("cannot write the copy");
+  }
+  if (out.reset() != 0) remove_and_throw("cannot write the copy (close failed)");
+  return name;
+}
+
+// A second name "<target>.bak-<pid>-<n>" for the regular file `target` (a hard link, so it keeps
+// the very inode: content, mode, owner), or, where hard links are not possible, a copy. Returns
+// the backup's name. Throws FormatError naming `path`.
+inline std::string make_backup(const std::string& path, const std::string& target, mode_t mode) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string name = target + ".bak-" + unique_suffix();
+    if (::link(target.c_str(), name.c_str()) == 0) return name;
+    if (errno != EEXIST) break;
+  }
+  return copy_backup(path, target, mode);
+}
+
+// True when the row-major (or vector) direct-access matrix `m` lies in memory in C order without
+// gaps: what a .npy file's data section is.
+template <class Derived>
+bool is_contiguous(const Eigen::MatrixBase<Derived>& m) {
+  const Derived& d = m.derived();
+  return d.size() <= 1 ||
+         (d.innerStride() == 1 && (d.outerSize() <= 1 || d.outerStride() == d.innerSize()));
+}
 
 }  // namespace detail
 
@@ -491,55 +512,259 @@ inline Array parse(const unsigned char* bytes, std::size_t n,
 // problem (strerror for I/O errors). Only the header (at most 64 KiB) is read before the data size
 // has been checked against the file size.
 inline Array read(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw detail::error(path, std::string("cannot open: ") + std::strerror(errno));
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
+  const gpt2::detail::FdCloser fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw detail::error(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0)
+  if (::fstat(fd.get(), &st) != 0)
     throw detail::error(path, std::string("cannot stat: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) throw detail::error(path, "cannot read: not a regular file");
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
   std::vector<unsigned char> prefix(static_cast<std::size_t>(
       std::min<std::uint64_t>(file_size, detail::max_preamble_bytes + detail::max_header_bytes)));
-  if (!detail::read_all(fd, prefix.data(), prefix.size(), 0))
+  if (!gpt2::detail::read_all(fd.get(), prefix.data(), prefix.size(), 0))
     throw detail::error(path, std::string("cannot read: ") + std::strerror(errno));
   const detail::Header h = detail::parse_header(prefix.data(), prefix.size(), file_size, path);
   Array a;
   a.dtype = h.dtype;
   a.shape = h.shape;
   a.bytes.resize(h.data_bytes);  // checked against the file size by parse_header
-  if (!detail::read_all(fd, a.bytes.data(), a.bytes.size(), h.data_offset))
+  if (!gpt2::detail::read_all(fd.get(), a.bytes.data(), a.bytes.size(), h.data_offset))
     throw detail::error(path, std::string("cannot read: ") + std::strerror(errno));
   return a;
 }
 
-// Writes the numel(shape) values at `data` (C order; caller-owned, only read) to `path` as a
-// version 1.0 .npy file of dtype '<f4' (float) or '<f8' (double), the way numpy.save does. The file
-// is written to "<path>.tmp-XXXXXX" and renamed over `path`: on failure nothing is left behind and
-// an existing `path` is untouched. Throws ShapeError for a shape that is not 1..3 non-negative
-// dimensions, FormatError naming the path and strerror for I/O errors. New files get mode 0644.
-template <class T>
-void write(const std::string& path, const T* data, const std::vector<std::int64_t>& shape) {
-  constexpr Dtype dtype = dtype_of<T>();
-  std::size_t n = 0;
-  const std::string shape_problem = detail::data_bytes(shape, dtype, n);
-  if (!shape_problem.empty()) throw ShapeError("npy::write(" + path + "): " + shape_problem);
-  if (data == nullptr && n > 0)
-    throw ShapeError("npy::write(" + path + "): expected data, got a null pointer");
-  const std::string header = detail::encode_header(dtype, shape);
-  detail::AtomicFile file(path);
-  file.write(header.data(), header.size());
-  file.write(data, n);
-  file.commit();
+// A complete .npy file written to a temporary beside its target but not yet in place: stage()
+// writes it, commit() renames it over the target, and the destructor (or discard()) removes it if
+// it was never committed. Move-only.
+//
+//   auto y = npy::StagedFile::stage("y.npy", y_matrix);    // may throw; "y.npy" is untouched
+//   y.commit();                                           // "y.npy" now holds y_matrix
+//
+// The target is `path`, or, when `path` is a symbolic link (a chain of them), the file the links
+// lead to (created if missing): the links stay and keep pointing at the new file. A target that
+// exists must be a regular file: a directory, FIFO, device or socket is refused (FormatError
+// "<path>: not a regular file (it is a FIFO)") and never opened. The new file gets the existing
+// target's permission bits (st_mode & 07777), or 0666 & ~umask for a new one.
+class StagedFile {
+ public:
+  // Stages the numel(shape) values at `data` (C order; caller-owned, only read, not kept) as a
+  // version 1.0 .npy file of dtype '<f4' (float) or '<f8' (double), the bytes numpy.save writes.
+  // Throws ShapeError for a shape that is not 1..3 non-negative dimensions (or null data for a
+  // non-empty one), FormatError naming `path` for a target that is not a regular file and for I/O
+  // errors (strerror); nothing is left behind then.
+  template <class T>
+  static StagedFile stage(const std::string& path, const T* data,
+                          const std::vector<std::int64_t>& shape) {
+    constexpr Dtype dtype = dtype_of<T>();
+    std::size_t n = 0;
+    const std::string shape_problem = detail::data_bytes(shape, dtype, n);
+    if (!shape_problem.empty()) throw ShapeError("npy::write(" + path + "): " + shape_problem);
+    if (data == nullptr && n > 0)
+      throw ShapeError("npy::write(" + path + "): expected data, got a null pointer");
+    return stage_bytes(path, detail::encode_header(dtype, shape), data, n);
+  }
+
+  // Stages the matrix m [rows, cols] as a 2-D array of T (default: m's scalar type; float or
+  // double). m must be row-major (or a vector): a Matrix, Map, Ref, Block or expression. Its data
+  // are written in place when they are contiguous (stride 1, rows back to back) and of type T;
+  // anything else (a Ref or Block with a row stride, an expression, another scalar type) is first
+  // evaluated explicitly into a RowMatrix<T>. Throws as stage(path, data, shape).
+  template <class T = void, class Derived>
+  static StagedFile stage(const std::string& path, const Eigen::MatrixBase<Derived>& m) {
+    using Scalar = std::conditional_t<std::is_void<T>::value, typename Derived::Scalar, T>;
+    static_assert(Derived::IsRowMajor || Derived::RowsAtCompileTime == 1 ||
+                      Derived::ColsAtCompileTime == 1,
+                  "gpt2::npy: the matrix must be row-major (C order); convert a column-major one "
+                  "explicitly, e.g. gpt2::RowMatrix<T>(m)");
+    const std::vector<std::int64_t> shape = {static_cast<std::int64_t>(m.rows()),
+                                             static_cast<std::int64_t>(m.cols())};
+    if constexpr (std::is_same<Scalar, typename Derived::Scalar>::value &&
+                  (static_cast<unsigned>(Derived::Flags) & Eigen::DirectAccessBit) != 0) {
+      if (detail::is_contiguous(m)) return stage<Scalar>(path, m.derived().data(), shape);
+    }
+    const RowMatrix<Scalar> copy = m.template cast<Scalar>();
+    return stage<Scalar>(path, copy.data(), shape);
+  }
+
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+  StagedFile(StagedFile&& other) noexcept
+      : path_(std::move(other.path_)),
+        target_(std::move(other.target_)),
+        temporary_(std::exchange(other.temporary_, std::string())) {}
+  StagedFile& operator=(StagedFile&& other) noexcept {
+    if (this != &other) {
+      discard();
+      path_ = std::move(other.path_);
+      target_ = std::move(other.target_);
+      temporary_ = std::exchange(other.temporary_, std::string());
+    }
+    return *this;
+  }
+  ~StagedFile() { discard(); }
+
+  // The path given to stage(); it names the file in error messages.
+  const std::string& path() const { return path_; }
+
+  // The file commit() replaces: path(), or the file its symbolic links lead to.
+  const std::string& target() const { return target_; }
+
+  // The temporary "<target>.tmp-XXXXXX"; empty once committed or discarded.
+  const std::string& temporary() const { return temporary_; }
+
+  // True until commit() or discard().
+  bool staged() const { return !temporary_.empty(); }
+
+  // Checks the target again (it must still be a regular file or nothing) and renames the temporary
+  // over it. On failure the temporary is removed, the target is untouched and FormatError names
+  // path() and the problem. Throws FormatError if nothing is staged.
+  void commit() {
+    if (!staged())
+      throw detail::error(path_,
+                          "npy::StagedFile::commit: nothing staged (committed or discarded)");
+    try {
+      detail::check_target(path_, target_);
+    } catch (...) {
+      discard();
+      throw;
+    }
+    if (::rename(temporary_.c_str(), target_.c_str()) != 0) {
+      const int err = errno;
+      discard();
+      throw detail::error(path_, std::string("cannot rename the temporary file over it: ") +
+                                     std::strerror(err));
+    }
+    temporary_.clear();  // it is the target now
+  }
+
+  // Removes the temporary, if any; the target is untouched.
+  void discard() noexcept {
+    if (!temporary_.empty()) ::unlink(temporary_.c_str());
+    temporary_.clear();
+  }
+
+ private:
+  StagedFile() = default;
+
+  // Resolves and checks the target, then writes header + data to a new temporary beside it.
+  static StagedFile stage_bytes(const std::string& path, const std::string& header,
+                                const void* data, std::size_t n) {
+    StagedFile f;
+    f.path_ = path;
+    if (!gpt2::detail::resolve_final_symlinks(path, f.target_))
+      throw detail::error(path, std::string("cannot follow the symbolic link: ") +
+                                    std::strerror(errno));
+    const detail::TargetState state = detail::check_target(path, f.target_);
+    const mode_t mode = state.exists ? state.mode : (0666 & ~gpt2::detail::process_umask());
+    std::string tmp = f.target_ + ".tmp-XXXXXX";
+    gpt2::detail::FdCloser fd(::mkstemp(tmp.data()));
+    if (fd.get() < 0)
+      throw detail::error(path, "cannot create a temporary file beside " +
+                                    (f.target_ == path ? std::string("it") : f.target_) + ": " +
+                                    std::strerror(errno));
+    f.temporary_ = tmp;  // from here on, f's destructor removes it if anything fails
+    const auto fail = [&](const char* what) {
+      const int err = errno;
+      throw detail::error(path, std::string(what) + ": " + std::strerror(err));
+    };
+    if (::fchmod(fd.get(), mode) != 0) fail("cannot set the permissions of the temporary file");
+    if (!gpt2::detail::write_all(fd.get(), header.data(), header.size())) fail("cannot write");
+    if (!gpt2::detail::write_all(fd.get(), data, n)) fail("cannot write");
+    if (fd.reset() != 0) fail("cannot write (close failed)");
+    return f;
+  }
+
+  std::string path_;
+  std::string target_;
+  std::string temporary_;
+};
+
+// Commits every staged file in `files` or none of them: afterwards either each target holds its
+// new file, or each target is as it was before (a target that did not exist does not exist).
+//
+//   1. check: every file is staged, every target is still a regular file or nothing, and no two
+//      targets are the same file; otherwise nothing is committed.
+//   2. commit in order. Before a target that exists is replaced (all but the last), a backup is
+//      kept under a second name ("<target>.bak-<pid>-<n>", a hard link, or a copy where links are
+//      impossible). If a commit still fails (the file system changed under us), the targets
+//      committed before it are restored from their backups (or removed if they were new).
+//   3. the backups are removed.
+//
+// Every temporary and backup is removed on success and on failure (unless restoring a target
+// itself fails: then the message says where its previous content is). Throws FormatError naming
+// the file that failed and the problem, plus which files were rolled back, on one line.
+inline void commit_all(std::vector<StagedFile>& files) {
+  const auto discard_all = [&] {
+    for (StagedFile& f : files) f.discard();
+  };
+  try {
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      if (!files[i].staged())
+        throw detail::error(files[i].path(),
+                            "npy::commit_all: nothing staged (committed or discarded)");
+      detail::check_target(files[i].path(), files[i].target());
+      for (std::size_t j = 0; j < i; ++j)
+        if (gpt2::detail::same_file(files[j].target(), files[i].target()))
+          throw detail::error(files[i].path(), "names the same file as " + files[j].path());
+    }
+  } catch (...) {
+    discard_all();
+    throw;
+  }
+
+  struct Committed {
+    std::string backup;  // empty: the target did not exist (or was the last one)
+    bool existed = false;
+  };
+  std::vector<Committed> committed;
+  committed.reserve(files.size());
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    StagedFile& f = files[i];
+    std::string backup;
+    try {
+      const detail::TargetState state = detail::check_target(f.path(), f.target());
+      if (state.exists && i + 1 < files.size())
+        backup = detail::make_backup(f.path(), f.target(), state.mode);
+      f.commit();
+      committed.push_back({backup, state.exists});
+    } catch (const std::exception& e) {
+      if (!backup.empty()) ::unlink(backup.c_str());
+      discard_all();
+      std::string restored, problems;
+      for (std::size_t j = committed.size(); j-- > 0;) {
+        const Committed& c = committed[j];
+        const std::string& target = files[j].target();
+        const int rc = !c.backup.empty() ? ::rename(c.backup.c_str(), target.c_str())
+                                         : ::unlink(target.c_str());
+        if (rc == 0) {
+          restored += (restored.empty() ? "" : ", ") + files[j].path();
+        } else {
+          problems += "; could not restore " + files[j].path() + ": " + std::strerror(errno);
+          if (!c.backup.empty()) problems += " (its previous content is in " + c.backup + ")";
+        }
+      }
+      std::string message = e.what();
+      if (!restored.empty()) message += " (rolled back: " + restored + ")";
+      throw FormatError(message + problems);
+    }
+  }
+  for (const Committed& c : committed)
+    if (!c.backup.empty()) ::unlink(c.backup.c_str());
 }
 
-// Writes a row-major matrix m [rows, cols] as a 2-D array; see write(path, data, shape).
+// Writes the numel(shape) values at `data` (C order) to `path` as a version 1.0 .npy file:
+// StagedFile::stage(path, data, shape).commit(). On failure nothing is left behind and an existing
+// target is untouched.
 template <class T>
-void write(const std::string& path, const RowMatrix<T>& m) {
-  write(path, m.data(), {static_cast<std::int64_t>(m.rows()), static_cast<std::int64_t>(m.cols())});
+void write(const std::string& path, const T* data, const std::vector<std::int64_t>& shape) {
+  StagedFile::stage<T>(path, data, shape).commit();
+}
+
+// Writes the row-major matrix m [rows, cols] as a 2-D array of T (default: m's scalar type):
+// StagedFile::stage<T>(path, m).commit().
+template <class T = void, class Derived>
+void write(const std::string& path, const Eigen::MatrixBase<Derived>& m) {
+  StagedFile::stage<T>(path, m).commit();
 }
 
 }  // namespace gpt2::npy

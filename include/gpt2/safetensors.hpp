@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "gpt2/config.hpp"
+#include "gpt2/detail/io_util.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/types.hpp"
 #include "gpt2/weights.hpp"
@@ -160,9 +161,7 @@ inline std::optional<Dtype> dtype_from_name(const std::string& name) {
 // The dtype stored for T: F32 for float, F64 for double.
 template <class T>
 constexpr Dtype dtype_of() {
-  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value,
-                "gpt2::safetensors: T must be float or double");
-  return std::is_same<T, float>::value ? Dtype::F32 : Dtype::F64;
+  return gpt2::detail::float_dtype<T>(Dtype::F32, Dtype::F64);
 }
 
 // Exact IEEE binary16 -> binary32: every half value (signed zeros, subnormals, normals, infinities,
@@ -246,14 +245,11 @@ class Mapping {
   // Maps `path` read-only. An empty file gets no mapping (mmap of length 0 fails): data() is null
   // and size() is 0. Throws FormatError naming the path and strerror.
   static Mapping map_file(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw FormatError(path + ": cannot open: " + std::strerror(errno));
-    struct FdCloser {
-      int fd;
-      ~FdCloser() { ::close(fd); }
-    } closer{fd};
+    const gpt2::detail::FdCloser fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) throw FormatError(path + ": cannot open: " + std::strerror(errno));
     struct stat st {};
-    if (::fstat(fd, &st) != 0) throw FormatError(path + ": cannot stat: " + std::strerror(errno));
+    if (::fstat(fd.get(), &st) != 0)
+      throw FormatError(path + ": cannot stat: " + std::strerror(errno));
     if (!S_ISREG(st.st_mode))
       throw FormatError(path + ": cannot open: not a regular file (" +
                         std::strerror(S_ISDIR(st.st_mode) ? EISDIR : EINVAL) + ")");
@@ -262,7 +258,7 @@ class Mapping {
     Mapping mapping;
     mapping.size_ = static_cast<std::size_t>(st.st_size);
     if (mapping.size_ == 0) return mapping;
-    void* addr = ::mmap(nullptr, mapping.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* addr = ::mmap(nullptr, mapping.size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
     if (addr == MAP_FAILED) throw FormatError(path + ": cannot mmap: " + std::strerror(errno));
     mapping.addr_ = addr;
     return mapping;
@@ -397,23 +393,11 @@ inline std::vector<std::int64_t> parse_shape(const nlohmann::json& entry, const 
 // numel(shape) * dtype_size, or a FormatError if it overflows int64 / size_t.
 inline std::size_t checked_nbytes(const std::vector<std::int64_t>& shape, Dtype dtype,
                                   const std::string& label, const std::string& name) {
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;  // empty, whatever else
-  const std::uint64_t limit = std::min<std::uint64_t>(std::numeric_limits<std::int64_t>::max(),
-                                                      std::numeric_limits<std::size_t>::max());
-  std::uint64_t numel = 1;
-  for (std::int64_t d : shape) {
-    const auto du = static_cast<std::uint64_t>(d);
-    if (numel > limit / du)
-      throw tensor_error(
-          label, name, "shape " + gpt2::detail::shape_string(shape) + ": element count overflows");
-    numel *= du;
-  }
-  const std::uint64_t size = dtype_size(dtype);
-  if (numel > limit / size)
-    throw tensor_error(label, name,
-                       "shape " + gpt2::detail::shape_string(shape) + " " + dtype_name(dtype) +
-                           ": byte size overflows");
-  return static_cast<std::size_t>(numel * size);
+  std::size_t bytes = 0;
+  const std::string problem =
+      gpt2::detail::checked_byte_size(shape, dtype_size(dtype), dtype_name(dtype), bytes);
+  if (!problem.empty()) throw tensor_error(label, name, problem);
+  return bytes;
 }
 
 // entry["data_offsets"]: [begin, end] with begin <= end <= data_size and end - begin == nbytes.
@@ -711,7 +695,8 @@ class LoadedAttention;
 
 // Loads layer `layer`'s attention sublayer: the tensors h.{layer}.attn.c_attn.weight [C, 3C],
 // .c_attn.bias [3C], .c_proj.weight [C, C] and .c_proj.bias [C] (also under the prefix
-// "transformer."). C is c_attn.weight's first dimension; n_head = 0 means C / 64 (every GPT-2
+// "transformer."). n_embd C is c_proj.bias's length (or c_attn.bias's / 3 when c_proj.bias is the
+// odd one out); every other shape is checked against it. n_head = 0 means C / 64 (every GPT-2
 // size).
 //
 // Ownership: a tensor stored as exactly T and aligned is a view into `file` (zero copy). Any other
@@ -720,8 +705,9 @@ class LoadedAttention;
 // false. `file` must outlive the result either way.
 //
 // Throws FormatError for a missing tensor (listing the names looked for) or a non-floating dtype,
-// ShapeError for a wrong rank or shape (naming the tensor, expected and actual), ConfigError for a
-// bad n_head.
+// ShapeError for a wrong rank or shape (naming the tensor, expected and actual; a c_attn.weight
+// stored [3C, C], as nn.Linear does, gets a hint that GPT-2's Conv1D stores [in, out]),
+// ConfigError for a bad n_head.
 template <class T>
 LoadedAttention<T> load_attention(const File& file, int layer, Index n_head = 0);
 
@@ -804,6 +790,29 @@ inline Index default_n_head(Index n_embd, Index n_head, const std::string& label
   return n_embd / 64;
 }
 
+// n_embd C of an attention sublayer, from the shapes of its tensors (c_attn.weight, c_attn.bias,
+// c_proj.weight, c_proj.bias; ranks already checked): c_proj.bias [C]. When c_attn.bias is not
+// [3C] but c_attn.bias / 3 matches a square c_proj.weight, c_proj.bias is the odd one out and C is
+// c_attn.bias / 3. The weights' own shapes never decide: a transposed (nn.Linear [out, in])
+// c_attn.weight must be reported against the right C.
+inline Index attention_n_embd(const std::array<const TensorInfo*, 4>& infos) {
+  const std::int64_t proj_bias = infos[3]->shape[0];
+  const std::int64_t attn_bias = infos[1]->shape[0];
+  if (attn_bias % 3 == 0 && attn_bias / 3 == proj_bias) return static_cast<Index>(proj_bias);
+  const std::vector<std::int64_t>& proj_weight = infos[2]->shape;
+  if (attn_bias % 3 == 0 && proj_weight[0] == attn_bias / 3 && proj_weight[1] == attn_bias / 3)
+    return static_cast<Index>(attn_bias / 3);
+  return static_cast<Index>(proj_bias);
+}
+
+// " (looks like nn.Linear [out, in]; ...)" when c_attn.weight's shape is [3C, C], else "".
+inline std::string transposed_hint(const TensorInfo& c_attn_weight, Index C) {
+  const std::vector<std::int64_t>& s = c_attn_weight.shape;
+  if (C > 0 && s[1] == C && s[0] / 3 == C && s[0] % 3 == 0)
+    return " (looks like nn.Linear [out, in]; GPT-2's Conv1D stores [in, out])";
+  return "";
+}
+
 }  // namespace detail
 
 template <class T>
@@ -816,7 +825,7 @@ LoadedAttention<T> load_attention(const File& file, int layer, Index n_head) {
   for (std::size_t i = 0; i < 4; ++i)
     infos[i] = &detail::attention_tensor(file, names[i], ranks[i]);
 
-  const Index C = static_cast<Index>(infos[0]->shape[0]);
+  const Index C = detail::attention_n_embd(infos);
   const AttentionConfig config{C, detail::default_n_head(C, n_head, file.label())};
 
   LoadedAttention<T> loaded;
@@ -831,7 +840,10 @@ LoadedAttention<T> load_attention(const File& file, int layer, Index n_head) {
                             ConstMatrixMap<T>(data[2], dim(2, 0), dim(2, 1)),
                             ConstVectorMap<T>(data[3], dim(3, 0)));
   } catch (const ShapeError& e) {  // "c_attn.weight: expected shape [8, 24], got [8, 16]"
-    throw ShapeError(file.label() + ": " + prefix + e.what());
+    const std::string what = e.what();
+    const std::string hint =
+        what.rfind("c_attn.weight:", 0) == 0 ? detail::transposed_hint(*infos[0], C) : "";
+    throw ShapeError(file.label() + ": " + prefix + what + hint);
   } catch (const ConfigError& e) {
     throw ConfigError(file.label() + ": layer " + std::to_string(layer) + ": " + e.what());
   }

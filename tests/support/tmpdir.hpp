@@ -36,10 +36,11 @@ class TempDir {
   // "<dir>/<name>"
   std::string file(const std::string& name) const { return (path_ / name).string(); }
 
-  // Names of the entries in the directory, hidden ones included, sorted.
-  std::vector<std::string> list() const {
+  // Names of the entries in the directory (or in its subdirectory `sub`), hidden ones included,
+  // sorted.
+  std::vector<std::string> list(const std::string& sub = "") const {
     std::vector<std::string> names;
-    for (const auto& entry : std::filesystem::directory_iterator(path_))
+    for (const auto& entry : std::filesystem::directory_iterator(sub.empty() ? path_ : path_ / sub))
       names.push_back(entry.path().filename().string());
     std::sort(names.begin(), names.end());
     return names;
