@@ -3,7 +3,9 @@
 # does not touch apt, when they are all installed already.
 set -euo pipefail
 
-packages=(libeigen3-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev cmake g++ ninja-build)
+# python3-numpy: test_npy exchanges .npy files with numpy itself (that test is skipped without it).
+packages=(libeigen3-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev cmake g++ ninja-build
+          python3-numpy)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -2,7 +2,9 @@
 #   cmake -DSOURCE_DIR=<consumer> -DBINARY_DIR=<dir> -DGENERATOR=<gen> -DCXX_COMPILER=<c++>
 #         [-DMAKE_PROGRAM=] [-DBUILD_TYPE=] [-DCONFIG=] [-DCXX_FLAGS=] [-DCXX_FLAGS_CONFIG=]
 #         [-DEXE_LINKER_FLAGS=] -DPREFIX=<install prefix> -DGPT2_SOURCE_DIR=<library source tree>
-#         -DGPT2_VERSION=<x.y.z> -P consumer.cmake
+#         -DGPT2_VERSION=<x.y.z> [-DGPT2_SMALL_WEIGHTS=<gpt2-small-h0-attention.safetensors>]
+#         -P consumer.cmake
+# GPT2_SMALL_WEIGHTS, when set, is passed on to the consumer's configure step.
 cmake_minimum_required(VERSION 3.24)
 foreach(_var SOURCE_DIR BINARY_DIR GENERATOR CXX_COMPILER PREFIX GPT2_SOURCE_DIR GPT2_VERSION)
   if(NOT ${_var})
@@ -29,6 +31,9 @@ set(_configure_args
   "-DGPT2_EXPECTED_VERSION=${GPT2_VERSION}")
 if(MAKE_PROGRAM)
   list(APPEND _configure_args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
+endif()
+if(GPT2_SMALL_WEIGHTS)
+  list(APPEND _configure_args "-DGPT2_SMALL_WEIGHTS=${GPT2_SMALL_WEIGHTS}")
 endif()
 if(BUILD_TYPE)
   string(TOUPPER "${BUILD_TYPE}" _upper)
