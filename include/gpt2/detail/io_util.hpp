@@ -1,7 +1,7 @@
-// Helpers shared by the I/O headers gpt2/npy.hpp and gpt2/safetensors.hpp: a file-descriptor
-// closer, whole-buffer read and write with EINTR and short-transfer handling, the overflow-checked
-// byte size of a shape, the dtype of float/double, the process umask, symlink resolution and a
-// same-file test. Not part of the public API.
+// Helpers shared by the I/O headers gpt2/npy.hpp and gpt2/safetensors.hpp: the "label: problem"
+// FormatError, a file-descriptor closer, whole-buffer read and write with EINTR and short-transfer
+// handling, the overflow-checked byte size of a shape, the dtype of float/double, the process
+// umask, symlink resolution and a same-file test. Not part of the public API.
 //
 // Requires POSIX.
 #pragma once
@@ -26,6 +26,11 @@
 #include "gpt2/error.hpp"
 
 namespace gpt2::detail {
+
+// "label: problem"
+inline FormatError file_error(const std::string& label, const std::string& problem) {
+  return FormatError(label + ": " + problem);
+}
 
 // Closes a file descriptor when it goes out of scope (a negative fd is ignored). Move-only.
 class FdCloser {
