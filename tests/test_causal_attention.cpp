@@ -163,6 +163,19 @@ TEST(CausalAttentionErrors, ShapesAreNamed) {
   EXPECT_EQ(error_of<gpt2::ShapeError>(
                 [&] { gpt2::causal_attention_head<float>(q, short_k, short_k, y, scratch); }),
             "k: expected at least as many rows as q (4), got 3");
+  RowMatrix<float> qkv = RowMatrix<float>::Zero(4, 24), probs(4, 4);
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] {
+              gpt2::causal_attention_head<float>(qkv.leftCols(8), k, k, qkv.rightCols(8), scratch);
+            }),
+            "out: must not overlap q, k or v");
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] {
+              gpt2::causal_attention_head<float>(qkv.leftCols(8), k, k, y, qkv.leftCols(4), scratch);
+            }),
+            "probs: must not overlap q, k, v or out");
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] {
+              gpt2::causal_attention_head<float>(q, k, k, y, y.leftCols(4), scratch);
+            }),
+            "probs: must not overlap q, k, v or out");
 }
 
 }  // namespace

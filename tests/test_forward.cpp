@@ -162,6 +162,21 @@ TEST(ForwardErrors, ShapesAreNamed) {
   EXPECT_EQ(error_of<gpt2::Error>(
                 [&] { gpt2::attention_forward<float>(m.weights(), x, other, out); }),
             "workspace: expected n_embd 64, n_head 4 (the weights'), got n_embd 64, n_head 8");
+  RowMatrix<float> buf(20, 64);  // out and probs carved from one buffer, overlapping
+  EXPECT_EQ(error_of<gpt2::Error>([&] {
+              gpt2::attention_forward<float>(m.weights(), x, ws, buf.topRows(5), buf.leftCols(5));
+            }),
+            "probs: must not overlap out or the workspace");
+  ws.reserve(20);
+  EXPECT_EQ(error_of<gpt2::Error>([&] {
+              gpt2::attention_forward<float>(m.weights(), x, ws, out,
+                                             ws.qkv.topRows(20).middleCols(64, 5));
+            }),
+            "probs: must not overlap out or the workspace");
+  EXPECT_EQ(error_of<gpt2::Error>([&] {
+              gpt2::attention_forward<float>(m.weights(), x, ws, ws.merged.topRows(5));
+            }),
+            "out: must not overlap the workspace");
   EXPECT_EQ(error_of<gpt2::Error>([&] { (void)gpt2::attention(m.weights(), x_bad); }),
             "x: expected shape [5, 64], got [5, 60]");
 }

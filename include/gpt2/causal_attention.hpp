@@ -108,6 +108,9 @@ void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& 
   if (probs) check_shape("probs", {T_, n_keys}, {probs->rows(), probs->cols()});
   if (overlaps(out, q) || overlaps(out, k) || overlaps(out, v))
     throw ShapeError("out: must not overlap q, k or v");
+  if (probs && (overlaps(*probs, q) || overlaps(*probs, k) || overlaps(*probs, v) ||
+                overlaps(*probs, out)))
+    throw ShapeError("probs: must not overlap q, k, v or out");
   if (T_ == 0) return;
   scratch.reserve(n_keys, head_dim);
   const T scale = T(1) / std::sqrt(T(head_dim));

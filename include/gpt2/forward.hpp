@@ -42,6 +42,12 @@ void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
 
   MatrixRef<T> qkv = ws.qkv.topRows(T_);
   MatrixRef<T> merged = ws.merged.topRows(T_);
+  // out may alias x (x is fully read by the first step); probs may alias x too. Nothing else may
+  // share storage: the steps would read what another step has overwritten.
+  if (overlaps(out, qkv) || overlaps(out, merged))
+    throw ShapeError("out: must not overlap the workspace");
+  if (probs && (overlaps(*probs, out) || overlaps(*probs, qkv) || overlaps(*probs, merged)))
+    throw ShapeError("probs: must not overlap out or the workspace");
   qkv_projection<T>(w, x, qkv, ws.qkv_gemm);  // x is fully read here: out may alias x
   for (Index h = 0; h < n_head; ++h) {
     MatrixRef<T> y = head_slot(merged, config, h);
