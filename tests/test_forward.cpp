@@ -6,6 +6,7 @@
 
 #include "gpt2/attention.hpp"
 #include "support/compare.hpp"
+#include "support/models.hpp"
 #include "support/errors.hpp"
 #include "support/reference.hpp"
 
@@ -18,33 +19,9 @@ using gpt2::test::error_of;
 using gpt2::test::near;
 using gpt2::test::Tolerance;
 
-template <class T>
-struct Model {
-  gpt2::AttentionConfig config;
-  RowMatrix<T> c_attn_w, c_proj_w;
-  RowVector<T> c_attn_b, c_proj_b;
-  gpt2::AttentionWeights<T> weights() const {
-    return {config, gpt2::view(c_attn_w), gpt2::view(c_attn_b), gpt2::view(c_proj_w),
-            gpt2::view(c_proj_b)};
-  }
-};
-
-template <class T>
-Model<T> random_model(Index C, Index n_head, unsigned seed) {
-  std::srand(seed);
-  const double s = 1.0 / std::sqrt(double(C));
-  return {{C, n_head},
-          (RowMatrix<double>::Random(C, 3 * C) * (4 * s)).cast<T>(),
-          (RowMatrix<double>::Random(C, C) * s).cast<T>(),
-          (RowVector<double>::Random(3 * C) * 0.1).cast<T>(),
-          (RowVector<double>::Random(C) * 0.1).cast<T>()};
-}
-
-template <class T>
-RowMatrix<T> random_input(Index T_, Index C, unsigned seed) {
-  std::srand(seed);
-  return RowMatrix<double>::Random(T_, C).cast<T>();
-}
+using gpt2::test::Model;
+using gpt2::test::random_input;
+using gpt2::test::random_model;
 
 template <class T>
 class ForwardTest : public ::testing::Test {};

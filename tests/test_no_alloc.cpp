@@ -14,6 +14,7 @@ static std::atomic<int> g_eigen_assert_failures{0};
 
 #include "gpt2/attention.hpp"
 #include "support/compare.hpp"  // Scalars
+#include "support/models.hpp"
 
 static std::atomic<long> g_new_calls{0};
 // GCC 12 flags free() in a replaced global operator delete as a mismatched deallocation; it is not.
@@ -52,14 +53,10 @@ TYPED_TEST_SUITE(NoAllocTest, gpt2::test::Scalars);
 
 TYPED_TEST(NoAllocTest, ForwardWithReservedWorkspaceAllocatesNothing) {
   using T = TypeParam;
-  const gpt2::AttentionConfig config{256, 4};
-  std::srand(1);
-  const RowMatrix<T> c_attn_w = RowMatrix<T>::Random(256, 768) * T(0.1),
-                     c_proj_w = RowMatrix<T>::Random(256, 256) * T(0.1);
-  const RowVector<T> c_attn_b = RowVector<T>::Random(768), c_proj_b = RowVector<T>::Random(256);
-  const gpt2::AttentionWeights<T> w(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
-                                    gpt2::view(c_proj_w), gpt2::view(c_proj_b));
-  const RowMatrix<T> x = RowMatrix<T>::Random(200, 256);
+  const gpt2::test::Model<T> m = gpt2::test::random_model<T>(256, 4, 1);
+  const gpt2::AttentionConfig& config = m.config;
+  const gpt2::AttentionWeights<T> w = m.weights();
+  const RowMatrix<T> x = gpt2::test::random_input<T>(200, 256, 2);
   RowMatrix<T> out(200, 256), probs(4 * 200, 200), out_small(37, 256), probs_small(4 * 37, 37);
   gpt2::Workspace<T> ws(config, 200);
   {

@@ -7,6 +7,7 @@
 #include "gpt2/projection.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/models.hpp"
 
 namespace {
 
@@ -52,12 +53,10 @@ TYPED_TEST(ProjectionTest, MergeHeadsConcatenatesInHeadOrder) {
 
 TYPED_TEST(ProjectionTest, OutputProjectionIsMergedTimesWeightPlusBias) {
   using T = TypeParam;
-  const gpt2::AttentionConfig config{32, 2};
-  std::srand(2);
-  const RowMatrix<T> c_attn_w = RowMatrix<T>::Zero(32, 96), c_proj_w = RowMatrix<T>::Random(32, 32);
-  const RowVector<T> c_attn_b = RowVector<T>::Zero(96), c_proj_b = RowVector<T>::Random(32);
-  const gpt2::AttentionWeights<T> w(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
-                                    gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+  const gpt2::test::Model<T> m = gpt2::test::random_model<T>(32, 2, 2);
+  const RowMatrix<T>& c_proj_w = m.c_proj_w;
+  const RowVector<T>& c_proj_b = m.c_proj_b;
+  const gpt2::AttentionWeights<T> w = m.weights();
   const RowMatrix<T> merged = RowMatrix<T>::Random(7, 32);
   RowMatrix<T> out(7, 32);
   gpt2::output_projection<T>(w, merged, out);
@@ -79,11 +78,9 @@ TYPED_TEST(ProjectionTest, OutputProjectionIsMergedTimesWeightPlusBias) {
 }
 
 TEST(ProjectionErrors, ShapesHeadsAndAliasingAreNamed) {
-  const gpt2::AttentionConfig config{12, 3};
-  const RowMatrix<float> c_attn_w = RowMatrix<float>::Zero(12, 36), c_proj_w = RowMatrix<float>::Zero(12, 12);
-  const RowVector<float> c_attn_b = RowVector<float>::Zero(36), c_proj_b = RowVector<float>::Zero(12);
-  const gpt2::AttentionWeights<float> w(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
-                                        gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+  const gpt2::test::Model<float> m = gpt2::test::zero_model<float>(12, 3);
+  const gpt2::AttentionConfig& config = m.config;
+  const gpt2::AttentionWeights<float> w = m.weights();
   RowMatrix<float> merged = RowMatrix<float>::Zero(4, 12), out(4, 12), out_bad(3, 12), merged_bad(4, 11);
   std::vector<RowMatrix<float>> two_heads(2, RowMatrix<float>::Zero(4, 4));
   std::vector<RowMatrix<float>> bad_head(3, RowMatrix<float>::Zero(4, 4));

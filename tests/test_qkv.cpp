@@ -6,6 +6,7 @@
 
 #include "gpt2/qkv.hpp"
 #include "support/compare.hpp"
+#include "support/models.hpp"
 #include "support/errors.hpp"
 
 namespace {
@@ -21,13 +22,11 @@ TYPED_TEST_SUITE(QkvTest, gpt2::test::Scalars);
 
 TYPED_TEST(QkvTest, ProjectionIsXTimesWeightPlusBiasWithoutTranspose) {
   using T = TypeParam;
-  const gpt2::AttentionConfig config{12, 3};
-  std::srand(1);
-  const RowMatrix<T> x = RowMatrix<T>::Random(5, 12), c_attn_w = RowMatrix<T>::Random(12, 36),
-                     c_proj_w = RowMatrix<T>::Random(12, 12);
-  const RowVector<T> c_attn_b = RowVector<T>::Random(36), c_proj_b = RowVector<T>::Random(12);
-  const gpt2::AttentionWeights<T> w(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
-                                    gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+  const gpt2::test::Model<T> m = gpt2::test::random_model<T>(12, 3, 1);
+  const RowMatrix<T> x = gpt2::test::random_input<T>(5, 12, 2);
+  const RowMatrix<T>& c_attn_w = m.c_attn_w;
+  const RowVector<T>& c_attn_b = m.c_attn_b;
+  const gpt2::AttentionWeights<T> w = m.weights();
   RowMatrix<T> qkv(5, 36);
   gpt2::qkv_projection<T>(w, x, qkv);
   RowMatrix<double> expected(5, 36);
@@ -69,11 +68,9 @@ TYPED_TEST(QkvTest, HeadViewsAreZeroCopySlicesOfTheThreeBlocks) {
 }
 
 TEST(QkvErrors, WrongShapesAndHeadsAreNamed) {
-  const gpt2::AttentionConfig config{8, 2};
-  const RowMatrix<float> c_attn_w = RowMatrix<float>::Zero(8, 24), c_proj_w = RowMatrix<float>::Zero(8, 8);
-  const RowVector<float> c_attn_b = RowVector<float>::Zero(24), c_proj_b = RowVector<float>::Zero(8);
-  const gpt2::AttentionWeights<float> w(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
-                                        gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+  const gpt2::test::Model<float> m = gpt2::test::zero_model<float>(8, 2);
+  const gpt2::AttentionConfig& config = m.config;
+  const gpt2::AttentionWeights<float> w = m.weights();
   const RowMatrix<float> x_bad = RowMatrix<float>::Zero(3, 7), x = RowMatrix<float>::Zero(3, 8);
   RowMatrix<float> qkv(3, 24), qkv_bad(3, 23);
   EXPECT_EQ(error_of<gpt2::ShapeError>([&] { gpt2::qkv_projection<float>(w, x_bad, qkv); }),
