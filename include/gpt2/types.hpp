@@ -61,8 +61,9 @@ ConstMatrixRef<T> as_view(const Eigen::MatrixBase<D>& m) {
   return ConstMatrixRef<T>(m.derived());
 }
 
-// True when the memory of the two views overlaps (an output must not alias an input it reads
-// after writing).
+// True when the address ranges of the two views overlap (an output must not alias an input it
+// reads after writing). Conservative: two disjoint column blocks of one matrix interleave in
+// memory and count as overlapping.
 template <class A, class B>
 bool overlaps(const A& a, const B& b) {
   if (a.size() == 0 || b.size() == 0) return false;
