@@ -820,13 +820,13 @@ TEST(NpyCommitAll, BackupsKeepTheOldFile) {
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
 
-  const std::string link = npy::detail::make_backup(path, path, 0640);  // a hard link
+  const std::string link = gpt2::detail::make_backup(path, path, 0640);  // a hard link
   EXPECT_EQ(link.rfind(path + ".bak-", 0), 0u) << link;
   struct stat linked {};
   ASSERT_EQ(::stat(link.c_str(), &linked), 0);
   EXPECT_EQ(linked.st_ino, st.st_ino);
 
-  const std::string copy = npy::detail::copy_backup(path, path, 0640);  // where links fail
+  const std::string copy = gpt2::detail::copy_backup(path, path, 0640);  // where links fail
   EXPECT_EQ(copy.rfind(path + ".bak-", 0), 0u) << copy;
   EXPECT_EQ(gpt2::test::read_text(copy), "old content");
   EXPECT_EQ(mode_of(copy), 0640u);
@@ -836,7 +836,7 @@ TEST(NpyCommitAll, BackupsKeepTheOldFile) {
   EXPECT_EQ(dir.list().size(), 3u);
 
   EXPECT_TRUE(Contains(error_of<FormatError>([&] {
-                         npy::detail::copy_backup(dir.file("x"), dir.file("missing"), 0600);
+                         gpt2::detail::copy_backup(dir.file("x"), dir.file("missing"), 0600);
                        }),
                        dir.file("x") + ": cannot back up its previous content: cannot open: "));
   EXPECT_EQ(dir.list().size(), 3u);

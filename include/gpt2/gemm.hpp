@@ -57,6 +57,23 @@ class GemmScratch {
 
 enum class Op { None, Transpose };
 
+namespace detail {
+
+// Eigen's GEMM driver on raw row-major A, B (stored in BOrder), C: C += alpha * A * B.
+template <class T, int BOrder>
+void run_gemm(Index M, Index N, Index K, T alpha, const ConstMatrixRef<T>& A,
+              const ConstMatrixRef<T>& B, MatrixRef<T>& C, GemmScratch<T>& scratch) {
+  Eigen::internal::general_matrix_matrix_product<Index, T, Eigen::RowMajor, false, T, BOrder, false,
+                                                 Eigen::RowMajor, 1>::run(M, N, K, A.data(),
+                                                                          A.outerStride(), B.data(),
+                                                                          B.outerStride(), C.data(),
+                                                                          1, C.outerStride(), alpha,
+                                                                          scratch.blocking(),
+                                                                          nullptr);
+}
+
+}  // namespace detail
+
 // C[M, N] += alpha * A[M, K] * op(B)
 //   op = None:      B is [K, N]
 //   op = Transpose: B is [N, K] and op(B) = B^T (e.g. scores = q k^T without a transposed copy)
@@ -66,8 +83,6 @@ enum class Op { None, Transpose };
 template <class T, class DA, class DB>
 void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::MatrixBase<DB>& b,
                      Op op_b, MatrixRef<T> C, GemmScratch<T>& scratch) {
-  using Eigen::ColMajor;
-  using Eigen::RowMajor;
   const ConstMatrixRef<T> A = detail::as_view<T>(a);
   const ConstMatrixRef<T> B = detail::as_view<T>(b);
   const Index M = A.rows(), K = A.cols();
@@ -82,21 +97,10 @@ void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::Matri
     throw ShapeError("gemm: the output C overlaps an input");
   if (M == 0 || N == 0 || K == 0) return;
   scratch.reserve(M, N, K);
-  if (op_b == Op::None) {
-    Eigen::internal::general_matrix_matrix_product<Index, T, RowMajor, false, T, RowMajor, false,
-                                                   RowMajor, 1>::run(M, N, K, A.data(),
-                                                                     A.outerStride(), B.data(),
-                                                                     B.outerStride(), C.data(), 1,
-                                                                     C.outerStride(), alpha,
-                                                                     scratch.blocking(), nullptr);
-  } else {
-    Eigen::internal::general_matrix_matrix_product<Index, T, RowMajor, false, T, ColMajor, false,
-                                                   RowMajor, 1>::run(M, N, K, A.data(),
-                                                                     A.outerStride(), B.data(),
-                                                                     B.outerStride(), C.data(), 1,
-                                                                     C.outerStride(), alpha,
-                                                                     scratch.blocking(), nullptr);
-  }
+  if (op_b == Op::None)
+    detail::run_gemm<T, Eigen::RowMajor>(M, N, K, alpha, A, B, C, scratch);
+  else  // B^T of a row-major [N, K] is a column-major [K, N] with the same stride
+    detail::run_gemm<T, Eigen::ColMajor>(M, N, K, alpha, A, B, C, scratch);
 }
 
 }  // namespace gpt2

@@ -58,14 +58,6 @@ namespace gpt2::npy {
 
 namespace detail {
 
-// The target checks and backups of the atomic output, under their npy names.
-using gpt2::detail::check_target;
-using gpt2::detail::copy_backup;
-using gpt2::detail::file_kind;
-using gpt2::detail::make_backup;
-using gpt2::detail::TargetState;
-using gpt2::detail::unique_suffix;
-
 // True when the row-major (or vector) direct-access matrix `m` lies in memory in C order without
 // gaps: what a .npy file's data section is.
 template <class Derived>
