@@ -7,13 +7,18 @@
 //   merged = [y_0 | y_1 | ... ]  (head h at columns h*head_dim)            projection.hpp
 //   out    = merged @ c_proj.weight + c_proj.bias                           projection.hpp
 //   attention_forward / attention: all of it, with reusable scratch         forward.hpp
+//   KVCache + attention_forward(w, x, cache, ws, out): prefill and decode   kv_cache.hpp, incremental.hpp
+//   BatchLayout + attention_forward(w, x, batch, ...): padded batches       batch.hpp
 #pragma once
 
+#include "gpt2/batch.hpp"
 #include "gpt2/causal_attention.hpp"
 #include "gpt2/config.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/forward.hpp"
 #include "gpt2/gemm.hpp"
+#include "gpt2/incremental.hpp"
+#include "gpt2/kv_cache.hpp"
 #include "gpt2/layer_norm.hpp"
 #include "gpt2/projection.hpp"
 #include "gpt2/qkv.hpp"

@@ -31,6 +31,13 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A KV cache without room for the tokens of a forward, e.g. "KV cache: 1020 cached + 8 new
+// tokens exceed its capacity of 1024 tokens". The cache is left unchanged.
+class CapacityError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A file that is malformed or cannot be read/written (safetensors, .npy). The message names the
 // file and the problem, e.g. "model.safetensors: tensor 'h.0.attn.c_attn.bias': data_offsets
 // [0, 9000] end past the data section (9216 bytes)".

@@ -27,6 +27,28 @@ void check_workspace(const AttentionWeights<T>& w, const Workspace<T>& ws) {
                       std::to_string(b.n_embd) + ", n_head " + std::to_string(b.n_head));
 }
 
+// Steps 3 to 5 for the T new tokens whose projections are in qkv [T, 3C]: head h attends with
+// q_view(qkv, h) to keys_of(h), values_of(h) [n_keys, head_dim] (n_keys >= T; the last T of them
+// belong to the new tokens), the heads go to their slots of merged [T, C], then out [T, C] =
+// merged @ c_proj.weight + c_proj.bias. probs (or null) [n_head * T, n_keys].
+template <class T, class KeysOf, class ValuesOf>
+void attend_and_project(const AttentionWeights<T>& w, const ConstMatrixRef<T>& qkv,
+                        const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
+                        MatrixRef<T>& merged, MatrixRef<T>& out, MatrixRef<T>* probs) {
+  const AttentionConfig& config = w.config();
+  const Index T_ = qkv.rows();
+  for (Index h = 0; h < config.n_head; ++h) {
+    MatrixRef<T> y = head_slot(merged, config, h);
+    if (probs)
+      causal_attention_head<T>(q_view(qkv, config, h), keys_of(h), values_of(h), y,
+                               probs->middleRows(h * T_, T_), ws.attention);
+    else
+      causal_attention_head<T>(q_view(qkv, config, h), keys_of(h), values_of(h), y,
+                               ws.attention);
+  }
+  output_projection<T>(w, merged, out, ws.proj_gemm);
+}
+
 // Body shared by the two overloads; `probs` is null when not requested.
 template <class T>
 void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, Workspace<T>& ws,
@@ -49,17 +71,10 @@ void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
   if (probs && (overlaps(*probs, out) || overlaps(*probs, qkv) || overlaps(*probs, merged)))
     throw ShapeError("probs: must not overlap out or the workspace");
   qkv_projection<T>(w, x, qkv, ws.qkv_gemm);  // x is fully read here: out may alias x
-  for (Index h = 0; h < n_head; ++h) {
-    MatrixRef<T> y = head_slot(merged, config, h);
-    if (probs)
-      causal_attention_head<T>(q_view(qkv, config, h), k_view(qkv, config, h),
-                               v_view(qkv, config, h), y, probs->middleRows(h * T_, T_),
-                               ws.attention);
-    else
-      causal_attention_head<T>(q_view(qkv, config, h), k_view(qkv, config, h),
-                               v_view(qkv, config, h), y, ws.attention);
-  }
-  output_projection<T>(w, merged, out, ws.proj_gemm);
+  const ConstMatrixRef<T> qkv_read = qkv;
+  attend_and_project<T>(
+      w, qkv_read, [&](Index h) { return k_view(qkv_read, config, h); },
+      [&](Index h) { return v_view(qkv_read, config, h); }, ws, merged, out, probs);
 }
 
 }  // namespace detail

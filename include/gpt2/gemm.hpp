@@ -72,6 +72,21 @@ void run_gemm(Index M, Index N, Index K, T alpha, const ConstMatrixRef<T>& A,
                                                                           nullptr);
 }
 
+// C[1, N] += alpha * A[1, K] * op(B) with Eigen's matrix-vector kernels (no packing, no
+// allocation: every operand is contiguous in its inner dimension).
+template <class T>
+void run_gemv(T alpha, const ConstMatrixRef<T>& A, const ConstMatrixRef<T>& B, Op op_b,
+              MatrixRef<T>& C) {
+  using RowVectorMap = Eigen::Map<RowVector<T>>;
+  using ConstRowVectorMap = Eigen::Map<const RowVector<T>>;
+  RowVectorMap c(C.data(), C.cols());
+  const ConstRowVectorMap a(A.data(), A.cols());
+  if (op_b == Op::None)
+    c.noalias() += alpha * a * B;              // B [K, N]: column-major GEMV on B^T
+  else
+    c.noalias() += alpha * a * B.transpose();  // B [N, K]: one dot product per row of B
+}
+
 }  // namespace detail
 
 // C[M, N] += alpha * A[M, K] * op(B)
@@ -96,6 +111,10 @@ void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::Matri
   if (detail::overlaps(C, A) || detail::overlaps(C, B))
     throw ShapeError("gemm: the output C overlaps an input");
   if (M == 0 || N == 0 || K == 0) return;
+  if (M == 1) {  // one row (a decode step): Eigen's GEMV streams B once and needs no packing
+    detail::run_gemv<T>(alpha, A, B, op_b, C);
+    return;
+  }
   scratch.reserve(M, N, K);
   if (op_b == Op::None)
     detail::run_gemm<T, Eigen::RowMajor>(M, N, K, alpha, A, B, C, scratch);

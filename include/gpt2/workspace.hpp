@@ -2,6 +2,7 @@
 // forwards over at most capacity() tokens allocate nothing.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -19,25 +20,37 @@ namespace gpt2 {
 template <class T>
 class Workspace {
  public:
-  explicit Workspace(const AttentionConfig& config, Index max_tokens = 0) : config_(config) {
+  // Room for forwards over up to max_tokens tokens that attend to up to max_keys positions (cached
+  // ones included; default max_tokens, enough without a KV cache). For decoding through a cache:
+  // Workspace(config, 1, cache.capacity()).
+  explicit Workspace(const AttentionConfig& config, Index max_tokens = 0, Index max_keys = -1)
+      : config_(config) {
     config_.validate();
-    reserve(max_tokens);
+    reserve(max_tokens, max_keys < 0 ? max_tokens : max_keys);
   }
 
   const AttentionConfig& config() const { return config_; }
-  Index capacity() const { return capacity_; }
+  Index capacity() const { return capacity_; }          // tokens per forward
+  Index key_capacity() const { return key_capacity_; }  // positions attended to
 
-  // Grows every buffer to hold max_tokens tokens. Allocates only when max_tokens > capacity().
+  // Grows the buffers to hold max_tokens tokens attending to max_keys positions (default
+  // max_tokens). Allocates only when one of them is above the current capacity.
   // Strong guarantee: everything is allocated before anything is replaced, so if an allocation
   // throws (std::bad_alloc) the workspace is unchanged and still usable.
-  void reserve(Index max_tokens) {
+  void reserve(Index max_tokens, Index max_keys = -1) {
+    if (max_keys < 0) max_keys = max_tokens;
     if (max_tokens < 0)
       throw ShapeError("max_tokens: expected a non-negative count, got " +
                        std::to_string(max_tokens));
-    if (max_tokens <= capacity_) return;
+    if (max_keys < max_tokens)
+      throw ShapeError("max_keys: expected at least max_tokens (" + std::to_string(max_tokens) +
+                       "), got " + std::to_string(max_keys));
+    if (max_tokens <= capacity_ && max_keys <= key_capacity_) return;
+    max_tokens = std::max(max_tokens, capacity_);
+    max_keys = std::max(max_keys, key_capacity_);
     const Index C = config_.n_embd;
     RowMatrix<T> grown_qkv(max_tokens, 3 * C), grown_merged(max_tokens, C);
-    AttentionScratch<T> grown_attention(max_tokens, config_.head_dim());
+    AttentionScratch<T> grown_attention(max_keys, config_.head_dim());
     GemmScratch<T> grown_qkv_gemm(max_tokens, 3 * C, C), grown_proj_gemm(max_tokens, C, C);
     qkv.swap(grown_qkv);
     merged.swap(grown_merged);
@@ -45,6 +58,7 @@ class Workspace {
     qkv_gemm = std::move(grown_qkv_gemm);
     proj_gemm = std::move(grown_proj_gemm);
     capacity_ = max_tokens;
+    key_capacity_ = max_keys;
   }
 
   RowMatrix<T> qkv;     // [capacity, 3C]
@@ -56,6 +70,7 @@ class Workspace {
  private:
   AttentionConfig config_;
   Index capacity_ = 0;
+  Index key_capacity_ = 0;
 };
 
 }  // namespace gpt2

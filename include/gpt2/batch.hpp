@@ -1,0 +1,222 @@
+// Batches: B sequences of up to T tokens each, padded to a common length T, in one call.
+//
+//   x [B * T, C]: the row-major [B, T, C] tensor; sequence b owns rows b*T .. b*T + T - 1, and its
+//   real tokens are rows start(b) .. start(b) + length(b) - 1 of them (right padding: start 0;
+//   left padding: start T - length). The other rows are padding.
+//
+// Padding never reaches a real token, whatever it holds (NaN included): padded rows are never
+// read. Padded output rows are exactly zero (a query with no visible key gives zeros, never NaN).
+// Each sequence's real rows get exactly what a forward over those rows alone gives.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpt2/error.hpp"
+#include "gpt2/forward.hpp"
+#include "gpt2/incremental.hpp"
+#include "gpt2/kv_cache.hpp"
+#include "gpt2/types.hpp"
+#include "gpt2/weights.hpp"
+#include "gpt2/workspace.hpp"
+
+namespace gpt2 {
+
+// Which rows of a padded [B, T, C] batch hold real tokens. Cheap to copy; set() changes one
+// sequence without allocating (reuse one layout across decode steps).
+class BatchLayout {
+ public:
+  BatchLayout() = default;
+
+  // Sequence b's real tokens are its rows starts[b] .. starts[b] + lengths[b] - 1.
+  // ShapeError naming the sequence unless 0 <= starts[b], 0 <= lengths[b] and
+  // starts[b] + lengths[b] <= tokens.
+  BatchLayout(Index tokens, std::vector<Index> starts, std::vector<Index> lengths)
+      : tokens_(tokens), starts_(std::move(starts)), lengths_(std::move(lengths)) {
+    if (tokens_ < 0)
+      throw ShapeError("batch: expected a non-negative token count, got " + std::to_string(tokens_));
+    if (starts_.size() != lengths_.size())
+      throw ShapeError("batch: expected one start per length (" + std::to_string(lengths_.size()) +
+                       "), got " + std::to_string(starts_.size()));
+    for (Index b = 0; b < batch(); ++b) set(b, starts_[b], lengths_[b]);
+  }
+
+  // Every row of every sequence is real.
+  static BatchLayout full(Index batch, Index tokens) {
+    if (batch < 0)
+      throw ShapeError("batch: expected a non-negative batch size, got " + std::to_string(batch));
+    return BatchLayout(tokens, std::vector<Index>(batch, 0), std::vector<Index>(batch, tokens));
+  }
+  // Sequence b's tokens are its first lengths[b] rows; padding after them.
+  static BatchLayout right_padded(Index tokens, const std::vector<Index>& lengths) {
+    return BatchLayout(tokens, std::vector<Index>(lengths.size(), 0), lengths);
+  }
+  // Sequence b's tokens are its last lengths[b] rows; padding before them.
+  static BatchLayout left_padded(Index tokens, const std::vector<Index>& lengths) {
+    std::vector<Index> starts(lengths.size());
+    for (std::size_t b = 0; b < lengths.size(); ++b) starts[b] = tokens - lengths[b];
+    return BatchLayout(tokens, std::move(starts), lengths);
+  }
+
+  Index batch() const { return static_cast<Index>(lengths_.size()); }  // B
+  Index tokens() const { return tokens_; }                               // T
+  Index rows() const { return batch() * tokens_; }                       // B * T
+  Index start(Index b) const { return starts_[check(b)]; }
+  Index length(Index b) const { return lengths_[check(b)]; }
+  Index first_row(Index b) const { return b * tokens_ + start(b); }  // in x [B * T, C]
+  Index max_length() const {
+    Index m = 0;
+    for (Index n : lengths_) m = std::max(m, n);
+    return m;
+  }
+
+  // Makes sequence b's real tokens rows start .. start + length - 1 (no allocation).
+  void set(Index b, Index start, Index length) {
+    check(b);
+    const std::string name = "batch sequence " + std::to_string(b);
+    if (start < 0 || length < 0 || start > tokens_ - length)
+      throw ShapeError(name + ": expected 0 <= start, 0 <= length and start + length <= " +
+                       std::to_string(tokens_) + " (the padded length), got start " +
+                       std::to_string(start) + ", length " + std::to_string(length));
+    starts_[static_cast<std::size_t>(b)] = start;
+    lengths_[static_cast<std::size_t>(b)] = length;
+  }
+
+ private:
+  std::size_t check(Index b) const {
+    if (b < 0 || b >= batch())
+      throw ShapeError("batch: expected a sequence index in [0, " + std::to_string(batch()) +
+                       "), got " + std::to_string(b));
+    return static_cast<std::size_t>(b);
+  }
+
+  Index tokens_ = 0;
+  std::vector<Index> starts_, lengths_;
+};
+
+namespace detail {
+
+inline void check_batch_shapes(const BatchLayout& batch, Index C, Index x_rows, Index x_cols,
+                               Index out_rows, Index out_cols) {
+  check_shape("x", {batch.rows(), C}, {x_rows, x_cols});
+  check_shape("out", {batch.rows(), C}, {out_rows, out_cols});
+}
+
+// out's padded rows of sequence b = 0.
+template <class T>
+void zero_padding(const BatchLayout& batch, Index b, MatrixRef<T>& out) {
+  const Index T_ = batch.tokens(), start = batch.start(b), end = start + batch.length(b);
+  out.middleRows(b * T_, start).setZero();
+  out.middleRows(b * T_ + end, T_ - end).setZero();
+}
+
+// Rethrows the current gpt2 error with "batch sequence b: " before its message, same type.
+[[noreturn]] inline void rethrow_for_sequence(Index b) {
+  const std::string prefix = "batch sequence " + std::to_string(b) + ": ";
+  try {
+    throw;
+  } catch (const CapacityError& e) {
+    throw CapacityError(prefix + e.what());
+  } catch (const ShapeError& e) {
+    throw ShapeError(prefix + e.what());
+  } catch (const ConfigError& e) {
+    throw ConfigError(prefix + e.what());
+  }
+}
+
+// The batched cached forward; caches(b) is sequence b's KVCache<T>&.
+template <class T, class CacheAt>
+void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                          const BatchLayout& batch, Index n_caches, const CacheAt& caches,
+                          Workspace<T>& ws, MatrixRef<T>& out) {
+  const Index B = batch.batch();
+  check_batch_shapes(batch, w.n_embd(), x.rows(), x.cols(), out.rows(), out.cols());
+  if (n_caches != B)
+    throw ShapeError("caches: expected one KV cache per sequence (" + std::to_string(B) +
+                     "), got " + std::to_string(n_caches));
+  // Check everything before touching any cache: an error leaves every cache unchanged.
+  Index max_keys = 0;
+  for (Index b = 0; b < B; ++b) {
+    KVCache<T>& cache = caches(b);
+    for (Index a = 0; a < b; ++a)
+      if (&caches(a) == &cache)
+        throw ShapeError("caches: sequences " + std::to_string(a) + " and " + std::to_string(b) +
+                         " share one KV cache");
+    const ConstMatrixRef<T> x_b = x.middleRows(batch.first_row(b), batch.length(b));
+    MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
+    try {
+      check_cached_forward<T>(w, x_b, cache, ws, out_b, nullptr);
+    } catch (...) {
+      rethrow_for_sequence(b);
+    }
+    max_keys = std::max(max_keys, cache.capacity());
+  }
+  ws.reserve(batch.max_length(), max_keys);
+
+  Index done = 0;  // caches 0 .. done - 1 have been appended to
+  try {
+    for (; done < B; ++done) {
+      const ConstMatrixRef<T> x_b = x.middleRows(batch.first_row(done), batch.length(done));
+      MatrixRef<T> out_b = out.middleRows(batch.first_row(done), batch.length(done));
+      run_cached_forward<T>(w, x_b, caches(done), ws, out_b, nullptr);
+      zero_padding<T>(batch, done, out);
+    }
+  } catch (...) {
+    for (Index b = 0; b < done; ++b) caches(b).truncate(caches(b).n_past() - batch.length(b));
+    throw;
+  }
+}
+
+}  // namespace detail
+
+// out = GPT-2 attention sublayer of each sequence of a padded batch, independently.
+//   x [B * T, C] (read; row-major [B, T, C]; padded rows may hold anything, NaN included)
+//   batch: B, T and each sequence's real rows
+//   ws: scratch (grown to the longest sequence if smaller)
+//   out [B * T, C] (written; padded rows exactly 0; may be the same storage as x)
+// PyTorch (HF): GPT2Attention(x, attention_mask=mask) on the real rows; 0 on the padded ones.
+template <class T, class D>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x_in,
+                       const BatchLayout& batch, Workspace<T>& ws, MatrixRef<T> out) {
+  const ConstMatrixRef<T> x = detail::as_view<T>(x_in);
+  detail::check_batch_shapes(batch, w.n_embd(), x.rows(), x.cols(), out.rows(), out.cols());
+  detail::check_workspace(w, ws);
+  ws.reserve(batch.max_length());
+  for (Index b = 0; b < batch.batch(); ++b) {
+    MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
+    detail::attention_forward<T>(w, x.middleRows(batch.first_row(b), batch.length(b)), ws, out_b,
+                                 nullptr);
+    detail::zero_padding<T>(batch, b, out);
+  }
+}
+
+// Batched incremental forward: sequence b's real rows are its next positions, appended to
+// caches[b] and attending to everything cached there (each sequence has its own n_past).
+//   x [B * T, C], out [B * T, C] as above; caches: B distinct caches, one per sequence
+// A sequence of length 0 (finished, or waiting) leaves its cache alone. If any sequence's tokens
+// do not fit its cache (CapacityError) or anything else is wrong, no cache changes.
+// Batched decode: T = 1, every length 1 (or 0).
+template <class T, class D>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       const BatchLayout& batch, std::vector<KVCache<T>>& caches,
+                       Workspace<T>& ws, MatrixRef<T> out) {
+  detail::batch_forward_cached<T>(
+      w, detail::as_view<T>(x), batch, static_cast<Index>(caches.size()),
+      [&](Index b) -> KVCache<T>& { return caches[static_cast<std::size_t>(b)]; }, ws, out);
+}
+
+// Same, with the caches held elsewhere: caches[b] points at sequence b's cache.
+template <class T, class D>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       const BatchLayout& batch, const std::vector<KVCache<T>*>& caches,
+                       Workspace<T>& ws, MatrixRef<T> out) {
+  for (std::size_t b = 0; b < caches.size(); ++b)
+    if (caches[b] == nullptr) throw ShapeError("caches: entry " + std::to_string(b) + " is null");
+  detail::batch_forward_cached<T>(
+      w, detail::as_view<T>(x), batch, static_cast<Index>(caches.size()),
+      [&](Index b) -> KVCache<T>& { return *caches[static_cast<std::size_t>(b)]; }, ws, out);
+}
+
+}  // namespace gpt2

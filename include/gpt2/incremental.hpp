@@ -1,0 +1,120 @@
+// The sublayer over new tokens of a sequence whose earlier positions are in a KVCache: a prefill
+// chunk, or one decode step.
+//
+//   x [T_new, C] are positions n_past .. n_past + T_new - 1; their keys and values are appended
+//   to the cache, and new row i attends to cached keys 0 .. n_past + i (bottom-right-aligned
+//   causal mask, as Hugging Face applies it with past_key_values).
+//
+// Splitting a sequence into chunks in any way gives the result of one forward over the whole
+// sequence, up to rounding (see README: "KV cache").
+#pragma once
+
+#include <string>
+
+#include "gpt2/error.hpp"
+#include "gpt2/forward.hpp"
+#include "gpt2/kv_cache.hpp"
+#include "gpt2/qkv.hpp"
+#include "gpt2/types.hpp"
+#include "gpt2/weights.hpp"
+#include "gpt2/workspace.hpp"
+
+namespace gpt2 {
+
+namespace detail {
+
+template <class T>
+void check_cache(const AttentionWeights<T>& w, const KVCache<T>& cache) {
+  const AttentionConfig& a = w.config();
+  const AttentionConfig& b = cache.config();
+  if (a.n_embd != b.n_embd || a.n_head != b.n_head)
+    throw ConfigError("cache: expected n_embd " + std::to_string(a.n_embd) + ", n_head " +
+                      std::to_string(a.n_head) + " (the weights'), got n_embd " +
+                      std::to_string(b.n_embd) + ", n_head " + std::to_string(b.n_head));
+}
+
+// Everything that can be checked before the cache is touched: shapes, configs, room, overlaps.
+//   x [T_new, C], out [T_new, C], probs (or null) [n_head * T_new, n_past + T_new]
+template <class T>
+void check_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                          const KVCache<T>& cache, const Workspace<T>& ws, const MatrixRef<T>& out,
+                          const MatrixRef<T>* probs) {
+  const Index T_new = x.rows(), C = w.n_embd(), n_keys = cache.n_past() + T_new;
+  check_shape("x", {T_new, C}, {x.rows(), x.cols()});
+  check_shape("out", {T_new, C}, {out.rows(), out.cols()});
+  if (probs)
+    check_shape("probs", {w.n_head() * T_new, n_keys}, {probs->rows(), probs->cols()});
+  check_workspace(w, ws);
+  check_cache(w, cache);
+  cache.check_room(T_new);
+  const bool out_in_cache =
+      overlaps(out, cache.key_storage()) || overlaps(out, cache.value_storage());
+  if (out_in_cache) throw ShapeError("out: must not overlap the KV cache");
+  if (probs && (overlaps(*probs, cache.key_storage()) || overlaps(*probs, cache.value_storage())))
+    throw ShapeError("probs: must not overlap the KV cache");
+}
+
+// The cached forward, after check_cached_forward and ws.reserve(T_new, cache.capacity()).
+// Appends T_new positions to the cache; if anything throws, the cache is rolled back.
+template <class T>
+void run_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                        KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T>& out,
+                        MatrixRef<T>* probs) {
+  const AttentionConfig& config = w.config();
+  const Index T_new = x.rows(), C = config.n_embd, n_past = cache.n_past();
+  if (T_new == 0) return;
+  MatrixRef<T> qkv = ws.qkv.topRows(T_new);
+  MatrixRef<T> merged = ws.merged.topRows(T_new);
+  if (overlaps(out, qkv) || overlaps(out, merged))
+    throw ShapeError("out: must not overlap the workspace");
+  if (probs && (overlaps(*probs, out) || overlaps(*probs, qkv) || overlaps(*probs, merged)))
+    throw ShapeError("probs: must not overlap out or the workspace");
+
+  qkv_projection<T>(w, x, qkv, ws.qkv_gemm);  // x is fully read here: out may alias x
+  cache.append(qkv.middleCols(C, C), qkv.middleCols(2 * C, C));
+  try {
+    const ConstMatrixRef<T> qkv_read = qkv;
+    const KVCache<T>& cached = cache;
+    attend_and_project<T>(
+        w, qkv_read, [&](Index h) { return cached.keys(h); },
+        [&](Index h) { return cached.values(h); }, ws, merged, out, probs);
+  } catch (...) {
+    cache.truncate(n_past);
+    throw;
+  }
+}
+
+template <class T>
+void attention_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                              KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T>& out,
+                              MatrixRef<T>* probs) {
+  check_cached_forward<T>(w, x, cache, ws, out, probs);
+  ws.reserve(x.rows(), cache.capacity());  // the first call sizes it for the whole cache
+  run_cached_forward<T>(w, x, cache, ws, out, probs);
+}
+
+}  // namespace detail
+
+// out = GPT-2 attention sublayer over new tokens, through a KV cache.
+//   x [T_new, C] (read; positions n_past .. n_past + T_new - 1 of the sequence in `cache`)
+//   cache: holds n_past positions; gains T_new (CapacityError, cache unchanged, if they do not fit)
+//   ws: scratch; grown on the first call to T_new tokens and cache.capacity() keys, so later calls
+//       with at most as many new tokens allocate nothing (a decode step never does)
+//   out [T_new, C] (written; may be the same storage as x, must not overlap the cache)
+// PyTorch (HF): GPT2Attention(x, layer_past=past, use_cache=True) -> (out, present)
+template <class T, class D>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T> out) {
+  detail::attention_forward_cached<T>(w, detail::as_view<T>(x), cache, ws, out, nullptr);
+}
+
+// Same, also writing the probabilities of every head over every position it can see.
+//   probs [n_head * T_new, n_past + T_new] (written): rows h*T_new .. are head h's; row i holds
+//   the weights of keys 0 .. n_past + i and exact zeros after them.
+template <class T, class D>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T> out, MatrixRef<T> probs) {
+  detail::attention_forward_cached<T>(w, detail::as_view<T>(x), cache, ws, out, &probs);
+}
+
+}  // namespace gpt2

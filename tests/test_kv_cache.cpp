@@ -1,0 +1,279 @@
+// KVCache and the incremental forward (kv_cache.hpp, incremental.hpp): the cache's own contract
+// (layout, room, truncate, copies, moves), and that any split of a sequence into chunks gives the
+// whole-sequence forward. The PyTorch past_key_values cases are in test_reference_incremental.cpp.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "gpt2/attention.hpp"
+#include "support/compare.hpp"
+#include "support/errors.hpp"
+#include "support/models.hpp"
+
+namespace {
+
+using gpt2::Index;
+using gpt2::KVCache;
+using gpt2::RowMatrix;
+using gpt2::test::Contains;
+using gpt2::test::error_of;
+using gpt2::test::Model;
+using gpt2::test::near;
+using gpt2::test::random_input;
+using gpt2::test::random_model;
+
+// Chunked and whole forwards differ only by rounding: the products run with other shapes (one
+// row takes Eigen's GEMV, several its GEMM, whose blocking depends on the row count) and the
+// softmax's vectorized exp splits rows at other places. Measured worst case over these tests:
+// see ChunkedEqualsWhole's output. Bound: relative to max |expected|.
+template <class T>
+constexpr double kChunkTolerance = sizeof(T) == 4 ? 4e-6 : 1e-14;
+
+template <class T>
+class KVCacheTest : public ::testing::Test {};
+TYPED_TEST_SUITE(KVCacheTest, gpt2::test::Scalars);
+
+// Runs x [T, C] through a fresh cache in chunks of the given sizes; returns out [T, C] and, if
+// probs is non-null, fills it [n_head * T, T] from the chunks' probabilities.
+template <class T>
+RowMatrix<T> run_chunked(const gpt2::AttentionWeights<T>& w, const RowMatrix<T>& x,
+                         const std::vector<Index>& chunks, RowMatrix<T>* probs = nullptr) {
+  const Index T_ = x.rows(), C = x.cols(), H = w.n_head();
+  KVCache<T> cache(w.config(), T_);
+  gpt2::Workspace<T> ws(w.config());
+  RowMatrix<T> out(T_, C);
+  if (probs) probs->setConstant(T_ * H, T_, T(-1));
+  Index pos = 0;
+  for (const Index n : chunks) {
+    if (probs) {
+      RowMatrix<T> p(H * n, pos + n);
+      gpt2::attention_forward<T>(w, x.middleRows(pos, n), cache, ws, out.middleRows(pos, n), p);
+      for (Index h = 0; h < H; ++h) {
+        probs->block(h * T_ + pos, 0, n, pos + n) = p.middleRows(h * n, n);
+        probs->block(h * T_ + pos, pos + n, n, T_ - pos - n).setZero();
+      }
+    } else {
+      gpt2::attention_forward<T>(w, x.middleRows(pos, n), cache, ws, out.middleRows(pos, n));
+    }
+    pos += n;
+    EXPECT_EQ(cache.n_past(), pos);
+  }
+  EXPECT_EQ(pos, T_) << "chunks must cover the sequence";
+  return out;
+}
+
+TYPED_TEST(KVCacheTest, StartsEmptyWithTheRequestedRoom) {
+  using T = TypeParam;
+  const gpt2::AttentionConfig config{64, 4};
+  const KVCache<T> cache(config, 100);
+  EXPECT_EQ(cache.capacity(), 100);
+  EXPECT_EQ(cache.n_past(), 0);
+  EXPECT_EQ(cache.remaining(), 100);
+  EXPECT_EQ(cache.keys(3).rows(), 0);
+  EXPECT_EQ(cache.keys(3).cols(), 16);
+  EXPECT_EQ(cache.key_storage().rows(), 4 * 100);
+  EXPECT_TRUE(Contains(error_of<gpt2::Error>([&] { KVCache<T>(config, -1); }), "max_tokens"));
+  EXPECT_TRUE(Contains(error_of<gpt2::Error>([&] { KVCache<T>({64, 5}, 8); }), "n_head"));
+  EXPECT_TRUE(Contains(error_of<gpt2::Error>([&] { (void)cache.keys(4); }), "expected an index in [0, 4)"));
+}
+
+// append takes k and v in the qkv layout (heads side by side) and stores head by head.
+TYPED_TEST(KVCacheTest, AppendStoresEachHeadContiguously) {
+  using T = TypeParam;
+  const gpt2::AttentionConfig config{8, 2};
+  KVCache<T> cache(config, 5);
+  const RowMatrix<T> k = random_input<T>(3, 8, 1), v = random_input<T>(3, 8, 2);
+  cache.append(k, v);
+  const RowMatrix<T> k2 = random_input<T>(2, 8, 3), v2 = random_input<T>(2, 8, 4);
+  cache.append(k2, v2);
+  ASSERT_EQ(cache.n_past(), 5);
+  for (Index h = 0; h < 2; ++h) {
+    RowMatrix<T> expected_k(5, 4), expected_v(5, 4);
+    expected_k << k.middleCols(h * 4, 4), k2.middleCols(h * 4, 4);
+    expected_v << v.middleCols(h * 4, 4), v2.middleCols(h * 4, 4);
+    EXPECT_TRUE(cache.keys(h) == expected_k) << "head " << h;
+    EXPECT_TRUE(cache.values(h) == expected_v) << "head " << h;
+    // contiguous: head h's rows are one block of the storage
+    EXPECT_EQ(cache.keys(h).data(), cache.key_storage().data() + h * 5 * 4);
+    EXPECT_EQ(cache.keys(h).outerStride(), 4);
+  }
+}
+
+TYPED_TEST(KVCacheTest, OverflowIsACapacityErrorAndChangesNothing) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(16, 2, 1);
+  const gpt2::AttentionWeights<T> w = m.weights();
+  KVCache<T> cache(m.config, 10);
+  gpt2::Workspace<T> ws(m.config);
+  const RowMatrix<T> x = random_input<T>(12, 16, 2);
+  RowMatrix<T> out(12, 16);
+  gpt2::attention_forward<T>(w, x.topRows(8), cache, ws, out.topRows(8));
+  const RowMatrix<T> keys_before = cache.key_storage(), values_before = cache.value_storage();
+
+  out.setConstant(T(7));
+  const std::string message = error_of<gpt2::CapacityError>(
+      [&] { gpt2::attention_forward<T>(w, x.middleRows(8, 3), cache, ws, out.topRows(3)); });
+  EXPECT_EQ(message, "KV cache: 8 cached + 3 new tokens exceed its capacity of 10 tokens");
+  EXPECT_EQ(cache.n_past(), 8);
+  EXPECT_TRUE(cache.key_storage() == keys_before);
+  EXPECT_TRUE(cache.value_storage() == values_before);
+  EXPECT_TRUE((out.array() == T(7)).all()) << "out must be untouched";
+  EXPECT_THROW(cache.append(x.topRows(3), x.topRows(3)), gpt2::CapacityError);
+  EXPECT_EQ(cache.n_past(), 8);
+
+  // exactly filling it is fine
+  gpt2::attention_forward<T>(w, x.middleRows(8, 2), cache, ws, out.topRows(2));
+  EXPECT_EQ(cache.remaining(), 0);
+}
+
+TYPED_TEST(KVCacheTest, ShapeAndConfigErrorsNameTheTensorAndLeaveTheCacheAlone) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(16, 2, 1);
+  const gpt2::AttentionWeights<T> w = m.weights();
+  KVCache<T> cache(m.config, 10), other_heads({16, 4}, 10);
+  gpt2::Workspace<T> ws(m.config);
+  const RowMatrix<T> x = random_input<T>(4, 16, 2);
+  RowMatrix<T> out(4, 16), wide(4, 17), probs(2 * 4, 5);
+  EXPECT_EQ(error_of<gpt2::Error>([&] { gpt2::attention_forward<T>(w, x, cache, ws, wide); }),
+            "out: expected shape [4, 16], got [4, 17]");
+  EXPECT_EQ(error_of<gpt2::Error>([&] { gpt2::attention_forward<T>(w, x, cache, ws, out, probs); }),
+            "probs: expected shape [8, 4], got [8, 5]");
+  EXPECT_TRUE(Contains(error_of<gpt2::ConfigError>([&] { gpt2::attention_forward<T>(w, x, other_heads, ws, out); }), "cache: expected n_embd 16, n_head 2"));
+  EXPECT_EQ(cache.n_past(), 0);
+  // out inside the cache
+  Eigen::Map<RowMatrix<T>> inside(const_cast<T*>(cache.key_storage().data()), 1, 16);
+  EXPECT_TRUE(Contains(error_of<gpt2::Error>([&] { gpt2::attention_forward<T>(w, x.topRows(1), cache, ws, inside); }), "out: must not overlap the KV cache"));
+  EXPECT_EQ(cache.n_past(), 0);
+}
+
+TYPED_TEST(KVCacheTest, TruncateResetCopyAndMove) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(16, 2, 5);
+  const gpt2::AttentionWeights<T> w = m.weights();
+  const RowMatrix<T> x = random_input<T>(9, 16, 6);
+  KVCache<T> cache(m.config, 12);
+  gpt2::Workspace<T> ws(m.config);
+  RowMatrix<T> out(9, 16);
+  gpt2::attention_forward<T>(w, x.topRows(6), cache, ws, out.topRows(6));
+
+  // copy() is deep: the two evolve independently
+  KVCache<T> fork = cache.copy();
+  EXPECT_EQ(fork.n_past(), 6);
+  EXPECT_EQ(fork.capacity(), 12);
+  EXPECT_NE(fork.keys(0).data(), cache.keys(0).data());
+  RowMatrix<T> a(3, 16), b(3, 16);
+  gpt2::attention_forward<T>(w, x.middleRows(6, 3), cache, ws, a);
+  gpt2::attention_forward<T>(w, x.middleRows(6, 3), fork, ws, b);
+  EXPECT_TRUE(a == b);
+  EXPECT_EQ(cache.n_past(), 9);
+
+  // truncate rolls back: recomputing the same tokens gives the same result
+  cache.truncate(6);
+  gpt2::attention_forward<T>(w, x.middleRows(6, 3), cache, ws, b);
+  EXPECT_TRUE(a == b);
+  EXPECT_TRUE(Contains(error_of<gpt2::Error>([&] { cache.truncate(10); }), "expected a length in [0, 9]"));
+  EXPECT_TRUE(Contains(error_of<gpt2::Error>([&] { cache.truncate(-1); }), "got -1"));
+
+  // copy_from reuses storage; needs room and the same config
+  KVCache<T> small(m.config, 4), other({16, 4}, 12);
+  EXPECT_THROW(small.copy_from(cache), gpt2::CapacityError);
+  EXPECT_THROW(other.copy_from(cache), gpt2::ConfigError);
+  const T* storage = fork.key_storage().data();
+  fork.reset();
+  EXPECT_EQ(fork.n_past(), 0);
+  fork.copy_from(cache);
+  EXPECT_EQ(fork.key_storage().data(), storage);
+  for (Index h = 0; h < 2; ++h) {
+    EXPECT_TRUE(fork.keys(h) == cache.keys(h));
+    EXPECT_TRUE(fork.values(h) == cache.values(h));
+  }
+
+  // moving leaves the source empty
+  KVCache<T> moved = std::move(fork);
+  EXPECT_EQ(moved.n_past(), 9);
+  EXPECT_EQ(fork.capacity(), 0);  // NOLINT(bugprone-use-after-move): documented state
+  EXPECT_EQ(fork.n_past(), 0);    // NOLINT(bugprone-use-after-move)
+  fork = std::move(moved);
+  EXPECT_EQ(fork.n_past(), 9);
+  EXPECT_EQ(moved.capacity(), 0);  // NOLINT(bugprone-use-after-move)
+}
+
+// One chunk through an empty cache is the plain forward, bit for bit: the keys and values are
+// the same numbers, only stored elsewhere, and the kernels see the same shapes.
+TYPED_TEST(KVCacheTest, OneChunkEqualsThePlainForwardBitForBit) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(64, 4, 7);
+  const gpt2::AttentionWeights<T> w = m.weights();
+  for (const Index T_ : {1, 5, 64, 130}) {
+    const RowMatrix<T> x = random_input<T>(T_, 64, 8);
+    RowMatrix<T> plain(T_, 64), plain_probs(4 * T_, T_), probs;
+    gpt2::Workspace<T> ws(m.config);
+    gpt2::attention_forward<T>(w, x, ws, plain, plain_probs);
+    const RowMatrix<T> cached = run_chunked<T>(w, x, {T_}, &probs);
+    EXPECT_TRUE(cached == plain) << "T=" << T_;
+    EXPECT_TRUE(probs == plain_probs) << "T=" << T_;
+  }
+}
+
+// Any split of a sequence gives the whole-sequence result (out and probabilities).
+TYPED_TEST(KVCacheTest, ChunkedEqualsWhole) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(128, 2, 9);
+  const gpt2::AttentionWeights<T> w = m.weights();
+  const Index T_ = 150;
+  const RowMatrix<T> x = random_input<T>(T_, 128, 10);
+  RowMatrix<T> whole(T_, 128), whole_probs(2 * T_, T_);
+  gpt2::Workspace<T> ws(m.config);
+  gpt2::attention_forward<T>(w, x, ws, whole, whole_probs);
+
+  std::vector<std::vector<Index>> splits = {
+      {149, 1}, {70, 1, 79}, {5, 1, 13, 2, 64, 65}, {1, 1, 1, 147}, {64, 64, 22}};
+  std::vector<Index> ones(T_, 1), prefill_then_ones(50, 1);
+  prefill_then_ones.insert(prefill_then_ones.begin(), 100);
+  splits.push_back(ones);
+  splits.push_back(prefill_then_ones);
+  double worst_out = 0, worst_probs = 0;
+  for (const std::vector<Index>& split : splits) {
+    SCOPED_TRACE("split of " + std::to_string(split.size()) + " chunks, first " +
+                 std::to_string(split[0]));
+    RowMatrix<T> probs;
+    const RowMatrix<T> out = run_chunked<T>(w, x, split, &probs);
+    EXPECT_TRUE(near(out, whole, kChunkTolerance<T>));
+    EXPECT_TRUE(near(probs, whole_probs, kChunkTolerance<T>));
+    // causal zeros stay exact
+    for (Index h = 0; h < 2; ++h)
+      for (Index t = 0; t + 1 < T_; ++t)
+        ASSERT_TRUE((probs.row(h * T_ + t).tail(T_ - t - 1).array() == T(0)).all());
+    worst_out = std::max(worst_out, gpt2::test::max_diff(out, whole).relative());
+    worst_probs = std::max(worst_probs, gpt2::test::max_diff(probs, whole_probs).relative());
+  }
+  std::printf("chunked vs whole (%s): worst relative difference out %.2e, probs %.2e\n",
+              sizeof(T) == 4 ? "float" : "double", worst_out, worst_probs);
+}
+
+// The workspace is sized for the whole cache on the first call and then reused.
+TYPED_TEST(KVCacheTest, FirstCallSizesTheWorkspaceForTheWholeCache) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(16, 2, 1);
+  KVCache<T> cache(m.config, 300);
+  gpt2::Workspace<T> ws(m.config);
+  const RowMatrix<T> x = random_input<T>(2, 16, 2);
+  RowMatrix<T> out(2, 16);
+  gpt2::attention_forward<T>(m.weights(), x, cache, ws, out);
+  EXPECT_EQ(ws.capacity(), 2);
+  EXPECT_EQ(ws.key_capacity(), 300);
+}
+
+TYPED_TEST(KVCacheTest, EmptyChunkIsANoOp) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(16, 2, 1);
+  KVCache<T> cache(m.config, 3);
+  gpt2::Workspace<T> ws(m.config);
+  const RowMatrix<T> x(0, 16);
+  RowMatrix<T> out(0, 16);
+  gpt2::attention_forward<T>(m.weights(), x, cache, ws, out);
+  EXPECT_EQ(cache.n_past(), 0);
+}
+
+}  // namespace
