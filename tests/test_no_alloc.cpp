@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <vector>
 
 // Count failed Eigen assertions instead of aborting, so the test can report them.
 static std::atomic<int> g_eigen_assert_failures{0};
@@ -70,6 +71,38 @@ TYPED_TEST(NoAllocTest, ForwardWithReservedWorkspaceAllocatesNothing) {
     EXPECT_EQ(eigen_allocations, 0) << "Eigen heap allocations during the forward";
     EXPECT_EQ(new_calls, 0) << "operator new calls during the forward";
   }
+  EXPECT_TRUE(out.allFinite());
+}
+
+// The decode step: one new token through a KV cache, after the cache and the workspace exist.
+// Also the prefill chunk (up to the workspace's token capacity) and a batched decode step.
+TYPED_TEST(NoAllocTest, DecodeStepsThroughAKVCacheAllocateNothing) {
+  using T = TypeParam;
+  const gpt2::test::Model<T> m = gpt2::test::random_model<T>(256, 4, 3);
+  const gpt2::AttentionWeights<T> w = m.weights();
+  const RowMatrix<T> x = gpt2::test::random_input<T>(300, 256, 4);
+  gpt2::KVCache<T> cache(m.config, 300);
+  std::vector<gpt2::KVCache<T>> caches;
+  caches.emplace_back(m.config, 100);
+  caches.emplace_back(m.config, 100);
+  gpt2::Workspace<T> ws(m.config, 40, cache.capacity());
+  RowMatrix<T> out(300, 256), probs(4, 300);
+  gpt2::BatchLayout step = gpt2::BatchLayout::full(2, 1);
+  {
+    AllocationWatch watch;
+    gpt2::attention_forward<T>(w, x.topRows(40), cache, ws, out.topRows(40));  // prefill
+    for (gpt2::Index t = 40; t < 299; ++t)
+      gpt2::attention_forward<T>(w, x.row(t), cache, ws, out.row(t));
+    gpt2::attention_forward<T>(w, x.row(299), cache, ws, out.row(299), probs);  // with probs
+    for (gpt2::Index t = 0; t < 50; ++t) {
+      step.set(1, 0, t % 2);  // sequence 1 sits out every other step
+      gpt2::attention_forward<T>(w, x.middleRows(2 * t, 2), step, caches, ws, out.middleRows(2 * t, 2));
+    }
+    EXPECT_EQ(watch.eigen(), 0) << "Eigen heap allocations during decoding";
+    EXPECT_EQ(watch.cxx(), 0) << "operator new calls during decoding";
+  }
+  EXPECT_EQ(cache.n_past(), 300);
+  EXPECT_EQ(caches[1].n_past(), 25);
   EXPECT_TRUE(out.allFinite());
 }
 

@@ -75,9 +75,8 @@ class BatchLayout {
   // Makes sequence b's real tokens rows start .. start + length - 1 (no allocation).
   void set(Index b, Index start, Index length) {
     check(b);
-    const std::string name = "batch sequence " + std::to_string(b);
     if (start < 0 || length < 0 || start > tokens_ - length)
-      throw ShapeError(name + ": expected 0 <= start, 0 <= length and start + length <= " +
+      throw ShapeError("batch sequence " + std::to_string(b) + ": expected 0 <= start, 0 <= length and start + length <= " +
                        std::to_string(tokens_) + " (the padded length), got start " +
                        std::to_string(start) + ", length " + std::to_string(length));
     starts_[static_cast<std::size_t>(b)] = start;

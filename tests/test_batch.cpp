@@ -1,0 +1,266 @@
+// Padded batches (batch.hpp): BatchLayout's checks; padding never reaches a real row (NaN
+// included) and padded output rows are exactly zero; the batched forward equals per-sequence
+// forwards; batched decode through one cache per sequence equals per-sequence decode; errors leave
+// every cache unchanged. The PyTorch attention_mask cases are in test_reference_incremental.cpp.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <vector>
+
+#include "gpt2/attention.hpp"
+#include "support/compare.hpp"
+#include "support/errors.hpp"
+#include "support/models.hpp"
+
+namespace {
+
+using gpt2::BatchLayout;
+using gpt2::Index;
+using gpt2::KVCache;
+using gpt2::RowMatrix;
+using gpt2::test::Contains;
+using gpt2::test::error_of;
+using gpt2::test::Model;
+using gpt2::test::near;
+using gpt2::test::random_input;
+using gpt2::test::random_model;
+
+constexpr Index kC = 32, kHeads = 4;
+
+template <class T>
+constexpr double kChunkTolerance = sizeof(T) == 4 ? 4e-6 : 1e-14;  // as in test_kv_cache.cpp
+
+TEST(BatchLayout, FactoriesGiveTheRealRows) {
+  const BatchLayout full = BatchLayout::full(2, 5);
+  EXPECT_EQ(full.batch(), 2);
+  EXPECT_EQ(full.tokens(), 5);
+  EXPECT_EQ(full.rows(), 10);
+  EXPECT_EQ(full.start(1), 0);
+  EXPECT_EQ(full.length(1), 5);
+
+  const BatchLayout right = BatchLayout::right_padded(5, {5, 2, 0});
+  EXPECT_EQ(right.start(1), 0);
+  EXPECT_EQ(right.length(1), 2);
+  EXPECT_EQ(right.first_row(2), 10);
+  EXPECT_EQ(right.max_length(), 5);
+
+  const BatchLayout left = BatchLayout::left_padded(5, {5, 2, 0});
+  EXPECT_EQ(left.start(1), 3);
+  EXPECT_EQ(left.first_row(1), 8);
+  EXPECT_EQ(left.start(2), 5);
+
+  BatchLayout general(6, {1, 0}, {3, 6});
+  EXPECT_EQ(general.first_row(0), 1);
+  general.set(0, 2, 4);
+  EXPECT_EQ(general.start(0), 2);
+  EXPECT_EQ(general.length(0), 4);
+}
+
+TEST(BatchLayout, RejectsRowsOutsideTheSequence) {
+  auto message = [](auto f) { return error_of<gpt2::ShapeError>(f); };
+  EXPECT_EQ(message([] { BatchLayout::right_padded(4, {4, 5}); }),
+            "batch sequence 1: expected 0 <= start, 0 <= length and start + length <= 4 (the "
+            "padded length), got start 0, length 5");
+  EXPECT_TRUE(Contains(message([] { BatchLayout(4, {-1}, {2}); }), "got start -1, length 2"));
+  EXPECT_TRUE(Contains(message([] { BatchLayout(4, {3}, {2}); }), "got start 3, length 2"));
+  EXPECT_TRUE(Contains(message([] { BatchLayout::right_padded(4, {-2}); }), "length -2"));
+  EXPECT_TRUE(Contains(message([] { BatchLayout(4, {0, 0}, {1}); }),
+                       "expected one start per length (1), got 2"));
+  EXPECT_TRUE(Contains(message([] { BatchLayout::full(-1, 4); }), "batch size, got -1"));
+  EXPECT_TRUE(Contains(message([] { BatchLayout::full(1, 4).start(1); }),
+                       "expected a sequence index in [0, 1), got 1"));
+  BatchLayout layout = BatchLayout::full(1, 4);
+  EXPECT_THROW(layout.set(0, 2, 3), gpt2::ShapeError);
+  EXPECT_EQ(layout.length(0), 4) << "a rejected set changes nothing";
+}
+
+template <class T>
+class BatchTest : public ::testing::Test {
+ protected:
+  BatchTest() : m(random_model<T>(kC, kHeads, 11)), w(m.weights()) {}
+  Model<T> m;
+  gpt2::AttentionWeights<T> w;
+
+  // x [B * T, C] with real rows from the generator and every padded row set to `pad`.
+  RowMatrix<T> batch_input(const BatchLayout& layout, T pad, unsigned seed) const {
+    RowMatrix<T> x = random_input<T>(layout.rows(), kC, seed);
+    for (Index b = 0; b < layout.batch(); ++b)
+      for (Index t = 0; t < layout.tokens(); ++t)
+        if (t < layout.start(b) || t >= layout.start(b) + layout.length(b))
+          x.row(b * layout.tokens() + t).setConstant(pad);
+    return x;
+  }
+  // Sequence b's real rows, run alone.
+  RowMatrix<T> alone(const RowMatrix<T>& x, const BatchLayout& layout, Index b) const {
+    const RowMatrix<T> rows = x.middleRows(layout.first_row(b), layout.length(b));
+    RowMatrix<T> out(rows.rows(), kC);
+    gpt2::Workspace<T> ws(m.config);
+    gpt2::attention_forward<T>(w, rows, ws, out);
+    return out;
+  }
+  void expect_padding_zero(const RowMatrix<T>& out, const BatchLayout& layout) const {
+    for (Index b = 0; b < layout.batch(); ++b)
+      for (Index t = 0; t < layout.tokens(); ++t)
+        if (t < layout.start(b) || t >= layout.start(b) + layout.length(b)) {
+          EXPECT_TRUE((out.row(b * layout.tokens() + t).array() == T(0)).all())
+              << "padded row " << t << " of sequence " << b;
+        }
+  }
+};
+TYPED_TEST_SUITE(BatchTest, gpt2::test::Scalars);
+
+TYPED_TEST(BatchTest, EachSequenceGetsWhatItGetsAloneAndPaddingIsZero) {
+  using T = TypeParam;
+  for (const BatchLayout& layout :
+       {BatchLayout::full(2, 7), BatchLayout::right_padded(7, {7, 4, 1}),
+        BatchLayout::left_padded(7, {4, 7, 1}), BatchLayout(6, {1, 0, 2, 3}, {3, 0, 4, 1})}) {
+    const RowMatrix<T> x = this->batch_input(layout, T(3), 5);
+    RowMatrix<T> out(layout.rows(), kC);
+    gpt2::Workspace<T> ws(this->m.config);
+    gpt2::attention_forward<T>(this->w, x, layout, ws, out);
+    for (Index b = 0; b < layout.batch(); ++b)
+      EXPECT_TRUE(out.middleRows(layout.first_row(b), layout.length(b)) == this->alone(x, layout, b))
+          << "sequence " << b;
+    this->expect_padding_zero(out, layout);
+  }
+}
+
+// Whatever the padded rows hold (huge values, infinities, NaN), real rows are bit-identical and
+// nothing non-finite appears.
+TYPED_TEST(BatchTest, GarbageInPaddedRowsNeverReachesRealRows) {
+  using T = TypeParam;
+  const BatchLayout layout(8, {2, 0, 5}, {5, 3, 3});
+  gpt2::Workspace<T> ws(this->m.config);
+  RowMatrix<T> reference(layout.rows(), kC);
+  gpt2::attention_forward<T>(this->w, this->batch_input(layout, T(0), 6), layout, ws, reference);
+  for (const T pad : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                      -std::numeric_limits<T>::max(), T(1e4)}) {
+    const RowMatrix<T> x = this->batch_input(layout, pad, 6);
+    RowMatrix<T> out(layout.rows(), kC);
+    gpt2::attention_forward<T>(this->w, x, layout, ws, out);
+    EXPECT_TRUE(out == reference) << "pad " << pad;
+    EXPECT_TRUE(out.allFinite()) << "pad " << pad;
+  }
+}
+
+TYPED_TEST(BatchTest, OutMayBeTheInputAndEmptySequencesGiveZeros) {
+  using T = TypeParam;
+  const BatchLayout layout = BatchLayout::right_padded(5, {0, 5, 0});
+  RowMatrix<T> x = this->batch_input(layout, std::numeric_limits<T>::quiet_NaN(), 7);
+  RowMatrix<T> expected(layout.rows(), kC);
+  gpt2::Workspace<T> ws(this->m.config);
+  gpt2::attention_forward<T>(this->w, x, layout, ws, expected);
+  gpt2::attention_forward<T>(this->w, x, layout, ws, x);  // in place
+  EXPECT_TRUE(x == expected);
+  EXPECT_TRUE((x.topRows(5).array() == T(0)).all());
+  EXPECT_TRUE((x.bottomRows(5).array() == T(0)).all());
+
+  const BatchLayout empty = BatchLayout::full(0, 4);
+  RowMatrix<T> none(0, kC);
+  gpt2::attention_forward<T>(this->w, none, empty, ws, none);
+}
+
+TYPED_TEST(BatchTest, ShapeErrorsNameTheTensor) {
+  using T = TypeParam;
+  const BatchLayout layout = BatchLayout::full(2, 3);
+  const RowMatrix<T> x(5, kC);
+  RowMatrix<T> out(6, kC);
+  gpt2::Workspace<T> ws(this->m.config);
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { gpt2::attention_forward<T>(this->w, x, layout, ws, out); }),
+            "x: expected shape [6, 32], got [5, 32]");
+}
+
+// Batched decode: sequences with different prompts and lengths, one cache each; sequences that
+// are done sit out (length 0). Equals per-sequence whole forwards.
+TYPED_TEST(BatchTest, BatchedDecodeEqualsEachSequenceAlone) {
+  using T = TypeParam;
+  const std::vector<Index> lengths = {9, 4, 6}, prompts = {5, 4, 1};
+  const Index B = 3, L = 9;
+  const RowMatrix<T> tokens = random_input<T>(B * L, kC, 8);  // sequence b: rows b*L ..
+  std::vector<KVCache<T>> caches;
+  for (Index b = 0; b < B; ++b) caches.emplace_back(this->m.config, L);
+  gpt2::Workspace<T> ws(this->m.config);
+  RowMatrix<T> out = RowMatrix<T>::Constant(B * L, kC, T(-1));
+
+  // step 0: the prompts, right-padded to 5 rows (padding is NaN)
+  const Index P = 5;
+  const BatchLayout prefill = BatchLayout::right_padded(P, prompts);
+  RowMatrix<T> x = RowMatrix<T>::Constant(B * P, kC, std::numeric_limits<T>::quiet_NaN());
+  for (Index b = 0; b < B; ++b) x.middleRows(b * P, prompts[b]) = tokens.middleRows(b * L, prompts[b]);
+  RowMatrix<T> y(B * P, kC);
+  gpt2::attention_forward<T>(this->w, x, prefill, caches, ws, y);
+  for (Index b = 0; b < B; ++b) {
+    out.middleRows(b * L, prompts[b]) = y.middleRows(b * P, prompts[b]);
+    EXPECT_EQ(caches[b].n_past(), prompts[b]);
+  }
+  this->expect_padding_zero(y, prefill);
+
+  // decode steps: one row per sequence, length 0 once a sequence is done
+  BatchLayout step = BatchLayout::full(B, 1);
+  RowMatrix<T> x_step(B, kC), y_step(B, kC);
+  for (Index s = 0;; ++s) {
+    bool any = false;
+    for (Index b = 0; b < B; ++b) {
+      const Index pos = caches[b].n_past();
+      const bool more = pos < lengths[b];
+      step.set(b, 0, more ? 1 : 0);
+      if (more)
+        x_step.row(b) = tokens.row(b * L + pos);
+      else
+        x_step.row(b).setConstant(std::numeric_limits<T>::quiet_NaN());
+      any = any || more;
+    }
+    if (!any) break;
+    std::vector<KVCache<T>*> pointers = {&caches[0], &caches[1], &caches[2]};
+    gpt2::attention_forward<T>(this->w, x_step, step, pointers, ws, y_step);
+    for (Index b = 0; b < B; ++b) {
+      if (step.length(b) == 1)
+        out.row(b * L + caches[b].n_past() - 1) = y_step.row(b);
+      else
+        EXPECT_TRUE((y_step.row(b).array() == T(0)).all());
+    }
+  }
+  for (Index b = 0; b < B; ++b) {
+    EXPECT_EQ(caches[b].n_past(), lengths[b]);
+    const BatchLayout whole = BatchLayout::right_padded(L, {lengths[b]});
+    const RowMatrix<T> x_b = tokens.middleRows(b * L, L);
+    EXPECT_TRUE(near(out.middleRows(b * L, lengths[b]), this->alone(x_b, whole, 0), kChunkTolerance<T>))
+        << "sequence " << b;
+  }
+}
+
+// Any error, even in the last sequence, leaves every cache as it was.
+TYPED_TEST(BatchTest, CachedBatchErrorsChangeNoCache) {
+  using T = TypeParam;
+  std::vector<KVCache<T>> caches;
+  caches.emplace_back(this->m.config, 10);
+  caches.emplace_back(this->m.config, 10);
+  caches.emplace_back(this->m.config, 4);
+  gpt2::Workspace<T> ws(this->m.config);
+  const BatchLayout three = BatchLayout::full(3, 3);
+  const RowMatrix<T> x = random_input<T>(9, kC, 9);
+  RowMatrix<T> out(9, kC);
+  gpt2::attention_forward<T>(this->w, x, three, caches, ws, out);  // 3, 3, 3 cached
+
+  EXPECT_EQ(error_of<gpt2::CapacityError>([&] { gpt2::attention_forward<T>(this->w, x, three, caches, ws, out); }),
+            "batch sequence 2: KV cache: 3 cached + 3 new tokens exceed its capacity of 4 tokens");
+  for (const KVCache<T>& c : caches) EXPECT_EQ(c.n_past(), 3);
+
+  std::vector<KVCache<T>*> shared = {&caches[0], &caches[1], &caches[0]};
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { gpt2::attention_forward<T>(this->w, x, three, shared, ws, out); }),
+            "caches: sequences 0 and 2 share one KV cache");
+  std::vector<KVCache<T>*> two = {&caches[0], &caches[1]};
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { gpt2::attention_forward<T>(this->w, x, three, two, ws, out); }),
+            "caches: expected one KV cache per sequence (3), got 2");
+  std::vector<KVCache<T>*> null = {&caches[0], nullptr, &caches[2]};
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { gpt2::attention_forward<T>(this->w, x, three, null, ws, out); }),
+            "caches: entry 1 is null");
+  KVCache<T> other_heads({kC, 2}, 10);
+  std::vector<KVCache<T>*> mixed = {&caches[0], &caches[1], &other_heads};
+  EXPECT_TRUE(Contains(error_of<gpt2::ConfigError>([&] { gpt2::attention_forward<T>(this->w, x, three, mixed, ws, out); }),
+                       "batch sequence 2: cache: expected n_embd 32, n_head 4"));
+  for (const KVCache<T>& c : caches) EXPECT_EQ(c.n_past(), 3);
+  EXPECT_EQ(other_heads.n_past(), 0);
+}
+
+}  // namespace
