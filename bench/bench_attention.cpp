@@ -1,5 +1,6 @@
 // Google Benchmark suite for the attention sublayer, GPT-2 small (C = 768, 12 heads), fp32.
 //   prefill/T:N          attention_forward over N tokens (allocation-free workspace)
+//   decode/past:N        one token through a KV cache holding N positions (same weights each step)
 //   baseline_eigen/T:N   the straightforward Eigen implementation (bench/baseline.hpp)
 //   stage_qkv/T:N, stage_attention/T:N, stage_proj/T:N   the three stages of prefill
 //   peak_fma             the machine's FMA peak on one core, to read results as a share of it
@@ -7,6 +8,7 @@
 // Compare runs from --benchmark_format=json output, never by eye.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -73,6 +75,25 @@ void prefill(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   set_counters(state, T, sublayer_flop(T));
+}
+
+// One decode step: one new token attending to `past` cached positions plus itself. The cache is
+// truncated back to `past` after each step, so every iteration does the same work.
+void decode(benchmark::State& state) {
+  const Index past = state.range(0);
+  const gpt2::AttentionWeights<float> w = model().weights();
+  const RowMatrix<float> x = input(past + 1);
+  gpt2::KVCache<float> cache(w.config(), past + 1);
+  gpt2::Workspace<float> ws(w.config(), std::max<Index>(past, 1), cache.capacity());
+  RowMatrix<float> out(past + 1, kC);
+  gpt2::attention_forward<float>(w, x.topRows(past), cache, ws, out.topRows(past));
+  for (auto _ : state) {
+    gpt2::attention_forward<float>(w, x.row(past), cache, ws, out.row(past));
+    cache.truncate(past);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, 1, qkv_flop(1) + proj_flop(1) + 2.0 * 2.0 * kHeads * kHeadDim * (past + 1));
 }
 
 void baseline_eigen(benchmark::State& state) {
@@ -170,6 +191,7 @@ void peak_fma(benchmark::State& state) {
 const std::vector<int64_t> kTokens = {64, 256, 1024};
 
 BENCHMARK(prefill)->Name("prefill")->ArgsProduct({kTokens})->ArgNames({"T"})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(decode)->Name("decode")->ArgsProduct({{0, 127, 1023}})->ArgNames({"past"})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(baseline_eigen)->Name("baseline_eigen")->ArgsProduct({kTokens})->ArgNames({"T"})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(stage_qkv)->Name("stage_qkv")->ArgsProduct({kTokens})->ArgNames({"T"})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(stage_attention)->Name("stage_attention")->ArgsProduct({kTokens})->ArgNames({"T"})->Unit(benchmark::kMillisecond)->UseRealTime();
