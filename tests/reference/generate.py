@@ -7,6 +7,13 @@ causal mask, softmax, matmul, merge heads, Conv1D addmm), not the way the C++ li
 is also recomputed by a second formulation (explicit per-row, per-head loops in numpy float64 with
 column-offset head slices) and the two must agree to 1e-12 before anything is written.
 
+Besides these "whole" cases (one sequence, one call), three kinds exercise Hugging Face's
+`layer_past` / `past_key_values` and `attention_mask` semantics with a batched GPT2Attention
+(`hf_attention`): "past" (one sequence fed in chunks through the KV cache), "batch" (a padded batch
+with an attention mask) and "batch_decode" (left-padded batched generation with a shared padded
+cache). Each is checked, to the same 1e-12, against the whole-sequence reference of every sequence
+alone. tests/reference/README.md describes every kind's inputs, tensors and metadata.
+
 Random inputs come from a counter-based generator that tests/support/det_random.hpp reproduces bit
 for bit, so only a few rows of each result need to be committed, never the inputs:
 
@@ -36,7 +43,7 @@ import numpy as np
 import torch
 
 DEFAULT_WEIGHTS = "/work/shared/gpt2-small/gpt2-small-h0-attention.safetensors"
-FIXTURE_BUDGET_BYTES = 4 * 1024 * 1024
+FIXTURE_BUDGET_BYTES = 6 * 1024 * 1024
 CROSS_CHECK_TOL = 1e-12
 
 # ---------------------------------------------------------------------------------------------
@@ -50,7 +57,8 @@ _M1 = _U64(0xBF58476D1CE4E5B9)
 _M2 = _U64(0x94D049BB133111EB)
 
 # Tensor seed offsets from a case's base seed S.
-SEED_OFFSET = {"x": 0, "c_attn.weight": 1, "c_attn.bias": 2, "c_proj.weight": 3, "c_proj.bias": 4}
+# "pad" is the padding garbage of the "batch" and "batch_decode" cases.
+SEED_OFFSET = {"x": 0, "c_attn.weight": 1, "c_attn.bias": 2, "c_proj.weight": 3, "c_proj.bias": 4, "pad": 5}
 
 
 def mix(z):
@@ -220,6 +228,70 @@ def numpy_attention_loop(x, w, n_head):
     return {"q": q, "k": k, "v": v, "probs": probs, "merged": merged, "out": out}
 
 
+# ---------------------------------------------------------------------------------------------
+# The same sublayer with a batch dimension, a KV cache and an attention mask: Hugging Face
+# GPT2Attention.forward(hidden_states, layer_past, attention_mask, use_cache=True) and its _attn
+# ---------------------------------------------------------------------------------------------
+
+def hf_conv1d(x, weight, bias):
+    """HF Conv1D on [..., in]: addmm on the flattened rows, viewed back."""
+    size_out = x.size()[:-1] + (weight.size(-1),)
+    return torch.addmm(bias, x.reshape(-1, x.size(-1)), weight).view(size_out)
+
+
+def hf_split_heads(t, n_head, head_dim):
+    """[B, T, C] -> [B, n_head, T, head_dim]."""
+    return t.view(t.size()[:-1] + (n_head, head_dim)).permute(0, 2, 1, 3)
+
+
+def hf_merge_heads(t):
+    """[B, n_head, T, head_dim] -> [B, T, C]."""
+    t = t.permute(0, 2, 1, 3).contiguous()
+    return t.view(t.size()[:-2] + (t.size(-2) * t.size(-1),))
+
+
+def hf_extended_attention_mask(mask, dtype):
+    """HF get_extended_attention_mask for a [B, K] 0/1 attention_mask: (1 - mask)[:, None, None, :]
+    * finfo.min, added to the logits after the causal torch.where."""
+    mask = mask[:, None, None, :].to(dtype)
+    return (1.0 - mask) * torch.finfo(dtype).min
+
+
+def hf_attention(hidden, w, n_head, layer_past=None, attention_mask=None):
+    """hidden [B, T_c, C]; layer_past = (past_key, past_value) [B, n_head, P, head_dim] or None;
+    attention_mask = the extended additive mask [B, 1, 1, P + T_c] or None.
+    Returns dict of out [B, T_c, C], present = (key, value) [B, n_head, P + T_c, head_dim],
+    probs [B, n_head, T_c, P + T_c], raw_logits (before any mask), causal [T_c, P + T_c]."""
+    C = hidden.size(-1)
+    head_dim = C // n_head
+    qkv = hf_conv1d(hidden, w["c_attn.weight"], w["c_attn.bias"])
+    query, key, value = qkv.split(C, dim=2)
+    query = hf_split_heads(query, n_head, head_dim)
+    key = hf_split_heads(key, n_head, head_dim)
+    value = hf_split_heads(value, n_head, head_dim)
+    if layer_past is not None:
+        past_key, past_value = layer_past
+        key = torch.cat((past_key, key), dim=-2)
+        value = torch.cat((past_value, value), dim=-2)
+    present = (key, value)
+    # _attn
+    attn = torch.matmul(query, key.transpose(-1, -2))
+    attn = attn / torch.full([], value.size(-1) ** 0.5, dtype=attn.dtype)
+    query_length, key_length = query.size(-2), key.size(-2)
+    # HF slices its registered tril(ones(n_positions, n_positions)) buffer the same way.
+    causal = torch.tril(torch.ones((key_length, key_length), dtype=torch.bool))
+    causal = causal[key_length - query_length:key_length, :key_length]
+    mask_value = torch.full([], torch.finfo(attn.dtype).min, dtype=attn.dtype)
+    logits = torch.where(causal, attn, mask_value)
+    if attention_mask is not None:
+        logits = logits + attention_mask
+    probs = torch.nn.functional.softmax(logits, dim=-1)
+    a = torch.matmul(probs, value)
+    merged = hf_merge_heads(a)
+    out = hf_conv1d(merged, w["c_proj.weight"], w["c_proj.bias"])
+    return {"out": out, "present": present, "probs": probs, "raw_logits": attn, "causal": causal}
+
+
 def layer_norm(x, weight, bias, eps=1e-5):
     return torch.nn.functional.layer_norm(x, (x.size(-1),), weight, bias, eps)
 
@@ -255,6 +327,39 @@ CASES = [
          rows=[0, 1, 2, 100, 511, 512, 1000, 1023]),
 ]
 
+# The cases above are kind "whole" (one sequence, one call, no cache, no mask). The kinds below
+# carry a `kind` key and metadata `kind`.
+_SCALES = {spec["case"]: spec["scales"] for spec in CASES if "scales" in spec}
+# C = 64: c_attn.weight 3.5/sqrt(64) = 0.4375, c_proj.weight half that; padding garbage 1024 * [-1, 1).
+_SCALES_C64 = dict(x=1.0, c_attn_weight=0.4375, c_attn_bias=0.125, c_proj_weight=0.21875, c_proj_bias=0.125)
+_SCALE_PAD = 1024.0
+
+CASES += [
+    # "past": one sequence fed in chunks through the KV cache (HF layer_past / past_key_values).
+    dict(case="past_tiny", kind="past", C=8, n_head=2, T=9, chunks=[3, 1, 2, 1, 1, 1], seed=9000,
+         probs=True, scales=_SCALES["tiny_T5"]),
+    dict(case="past_small_T40", kind="past", C=768, n_head=12, T=40, chunks=[17, 1, 1, 5, 1, 3, 12],
+         seed=9100, probs=True, rows=[0, 1, 16, 17, 18, 19, 24, 25, 27, 28, 39], scales=_SCALES["small_T7"]),
+    dict(case="past_small_T1024", kind="past", C=768, n_head=12, T=1024, chunks=[1000, 1, 1, 22],
+         seed=9200, probs=False, rows=[0, 999, 1000, 1001, 1002, 1023], scales=_SCALES["small_T7"]),
+    dict(case="past_gpt2_layer0_T64", kind="past", C=768, n_head=12, T=64, chunks=[32] + [1] * 32,
+         real=True, probs=True, rows=[0, 1, 31, 32, 33, 47, 62, 63]),
+    # "batch": one padded batch [B, T] with an HF attention_mask, no cache.
+    dict(case="batch_right_pad", kind="batch", C=64, n_head=4, B=3, T=7, starts=[0, 0, 0], lengths=[7, 4, 1],
+         seed=9300, scales=dict(_SCALES_C64, pad=_SCALE_PAD)),
+    dict(case="batch_left_pad", kind="batch", C=64, n_head=4, B=3, T=7, starts=[3, 0, 6], lengths=[4, 7, 1],
+         seed=9400, scales=dict(_SCALES_C64, pad=_SCALE_PAD)),
+    dict(case="batch_mixed", kind="batch", C=64, n_head=4, B=4, T=6, starts=[1, 0, 2, 3], lengths=[3, 0, 4, 1],
+         seed=9500, scales=dict(_SCALES_C64, pad=_SCALE_PAD)),
+    dict(case="batch_small", kind="batch", C=768, n_head=12, B=3, T=8, starts=[0, 2, 1], lengths=[8, 6, 4],
+         seed=9600, scales=dict(_SCALES["small_T7"], pad=_SCALE_PAD)),
+    # "batch_decode": HF batched generation, left-padded prompts then one position per sequence per step.
+    dict(case="batch_decode_tiny", kind="batch_decode", C=64, n_head=4, B=3, lengths=[9, 4, 6],
+         prompts=[5, 4, 1], seed=9700, scales=dict(_SCALES_C64, pad=_SCALE_PAD)),
+    dict(case="batch_decode_small", kind="batch_decode", C=768, n_head=12, B=2, lengths=[12, 7],
+         prompts=[3, 6], seed=9800, scales=dict(_SCALES["small_T7"], pad=_SCALE_PAD)),
+]
+
 # (seed, i) pairs whose det_value is checked against the plain-integer version here and hard-coded
 # in tests/test_det_random.cpp (print them with --print-det-values).
 DET_VALUE_CHECKS = [(0, 0), (1, 0), (2000, 5), (2000, 12345), (2**64 - 1, 2**40), (3000, 2**20 + 7)]
@@ -270,16 +375,24 @@ def rel_err(a, ref):
     return float(np.max(np.abs(a - ref)) / denom) if denom > 0 else float(np.max(np.abs(a - ref)))
 
 
-def random_inputs(spec):
-    C, T, S = spec["C"], spec["T"], spec["seed"]
+def random_weights(spec):
+    """The four weight tensors of a random case, float64 numpy."""
+    C, S = spec["C"], spec["seed"]
     sc = spec["scales"]
-    x = det_tensor(S + SEED_OFFSET["x"], (T, C), sc["x"])
-    w = {
+    return {
         "c_attn.weight": det_tensor(S + SEED_OFFSET["c_attn.weight"], (C, 3 * C), sc["c_attn_weight"]),
         "c_attn.bias": det_tensor(S + SEED_OFFSET["c_attn.bias"], (3 * C,), sc["c_attn_bias"]),
         "c_proj.weight": det_tensor(S + SEED_OFFSET["c_proj.weight"], (C, C), sc["c_proj_weight"]),
         "c_proj.bias": det_tensor(S + SEED_OFFSET["c_proj.bias"], (C,), sc["c_proj_bias"]),
     }
+
+
+def random_inputs(spec, x=None):
+    """x (default: det tensor seed S + 0, [T, C], times scale_x) and the weights, each as a float64
+    torch tensor and rounded to float32."""
+    if x is None:
+        x = det_tensor(spec["seed"] + SEED_OFFSET["x"], (spec["T"], spec["C"]), spec["scales"]["x"])
+    w = random_weights(spec)
     # float32 run: the same double values rounded to nearest float32.
     x32 = torch.from_numpy(x.astype(np.float32))
     w32 = {n: torch.from_numpy(a.astype(np.float32)) for n, a in w.items()}
@@ -373,6 +486,295 @@ def run_case(spec, weights, weights_sha256):
     return tensors, meta, errs, max_abs_logit, ref
 
 
+def _case_inputs(spec, weights, x=None):
+    if spec.get("real"):
+        return real_inputs(spec, weights)
+    return random_inputs(spec, x)
+
+
+def _meta_head(spec, weights_sha256, shape):
+    """case, kind, n_embd, n_head, the kind's shape keys, then seed + scales or source + weights_sha256."""
+    meta = {"case": spec["case"], "kind": spec["kind"], "n_embd": str(spec["C"]), "n_head": str(spec["n_head"])}
+    meta.update(shape)
+    if spec.get("real"):
+        meta["source"] = "gpt2-small layer 0, x = ln_1(wpe[:T])"
+        meta["weights_sha256"] = weights_sha256
+    else:
+        meta["seed"] = str(spec["seed"])
+        for key, value in spec["scales"].items():
+            meta["scale_" + key] = repr(float(value))
+    return meta
+
+
+def _csv(values):
+    return ",".join(str(int(v)) for v in values)
+
+
+def _cross_check(case, what, got, want):
+    err = rel_err(got, want)
+    if not err <= CROSS_CHECK_TOL:
+        raise AssertionError(f"{case}: {what}: {err:.3e}")
+
+
+def _torch32_errs(meta, tensors, tensors32, names):
+    errs = {}
+    for name in names:
+        if name in tensors:
+            errs[name] = rel_err(tensors32[name], tensors[name])
+            meta["torch32_err_" + name] = f"{errs[name]:.3e}"
+    return errs
+
+
+# --- kind "past" ------------------------------------------------------------------------------
+
+def past_chunked(x, w, n_head, chunks):
+    """x [T, C] fed chunk by chunk, the cache (present) of each call being the next call's
+    layer_past. Returns out [T, C], probs [n_head, T, T] (each chunk's [T_c, K] probs padded with
+    zeros to width T), the final cache k, v [n_head, T, head_dim], and max |logit| over the causally
+    visible positions."""
+    T = x.size(0)
+    n_past = 0
+    layer_past = None
+    outs, probs = [], []
+    max_abs_logit = 0.0
+    for Tc in chunks:
+        r = hf_attention(x[n_past:n_past + Tc].unsqueeze(0), w, n_head, layer_past)
+        layer_past = r["present"]
+        K = n_past + Tc
+        assert layer_past[0].shape[-2] == K
+        outs.append(r["out"][0])
+        p = torch.zeros((n_head, Tc, T), dtype=x.dtype)
+        p[:, :, :K] = r["probs"][0]
+        probs.append(p)
+        visible = r["raw_logits"][0].abs().masked_fill(~r["causal"], 0.0)
+        max_abs_logit = max(max_abs_logit, float(visible.max()))
+        n_past = K
+    assert n_past == T
+    return {"out": torch.cat(outs, 0), "probs": torch.cat(probs, 1), "k": layer_past[0][0],
+            "v": layer_past[1][0], "max_abs_logit": max_abs_logit}
+
+
+def run_past_case(spec, weights, weights_sha256):
+    C, n_head, T, chunks = spec["C"], spec["n_head"], spec["T"], spec["chunks"]
+    assert sum(chunks) == T and min(chunks) >= 1
+    rows = spec.get("rows", list(range(T)))
+    assert rows == sorted(set(rows)) and rows[0] >= 0 and rows[-1] < T
+    x64, w64, x32, w32 = _case_inputs(spec, weights)
+
+    with torch.no_grad():
+        ref = past_chunked(x64, w64, n_head, chunks)
+        f32 = past_chunked(x32, w32, n_head, chunks)
+        whole = torch_attention(x64, w64, n_head)
+    alt = numpy_attention_loop(x64.numpy(), {n: t.numpy() for n, t in w64.items()}, n_head)
+    for name in ["out", "probs", "k", "v"]:
+        _cross_check(spec["case"], f"chunked vs whole-sequence torch reference, {name}", ref[name].numpy(),
+                     whole[name].numpy())
+        _cross_check(spec["case"], f"chunked vs numpy-loop reference, {name}", ref[name].numpy(), alt[name])
+    if np.any(np.triu(np.ones((T, T), dtype=bool), 1) & (ref["probs"].numpy() != 0.0)):
+        raise AssertionError(f"{spec['case']}: probs beyond the causal diagonal are not exactly zero")
+
+    idx = torch.tensor(rows, dtype=torch.long)
+
+    def stored(r):
+        t = {"out": r["out"][idx], "present_k": r["k"][:, idx, :], "present_v": r["v"][:, idx, :]}
+        if spec["probs"]:
+            t["probs"] = r["probs"][:, idx, :]
+        return {n: a.numpy().copy() for n, a in t.items()}
+
+    tensors, tensors32 = stored(ref), stored(f32)
+    meta = _meta_head(spec, weights_sha256, {"T": str(T), "chunks": _csv(chunks)})
+    meta["rows"] = _csv(rows)
+    meta["max_abs_logit"] = f"{ref['max_abs_logit']:.6g}"
+    errs = _torch32_errs(meta, tensors, tensors32, ["out", "probs", "present_k", "present_v"])
+    notes = []
+    if len(rows) < T:
+        notes.append(f"rows subset: {len(rows)} of {T} positions stored to keep fixtures small")
+    if not spec["probs"]:
+        notes.append("probs not stored (size budget)")
+    if notes:
+        meta["note"] = "; ".join(notes)
+    return tensors, meta, errs, ref["max_abs_logit"], {"probs": ref["probs"], "out": ref["out"]}
+
+
+# --- kind "batch" -----------------------------------------------------------------------------
+
+def run_batch_case(spec, weights, weights_sha256):
+    C, n_head, B, T = spec["C"], spec["n_head"], spec["B"], spec["T"]
+    starts, lengths = spec["starts"], spec["lengths"]
+    assert len(starts) == B and len(lengths) == B
+    mask = np.zeros((B, T))
+    for b in range(B):
+        assert 0 <= starts[b] and 0 <= lengths[b] and starts[b] + lengths[b] <= T
+        mask[b, starts[b]:starts[b] + lengths[b]] = 1.0
+    real = mask.reshape(-1) > 0
+    N, S, sc = B * T, spec["seed"], spec["scales"]
+    x_real = det_tensor(S + SEED_OFFSET["x"], (N, C), sc["x"])
+    x_pad = det_tensor(S + SEED_OFFSET["pad"], (N, C), sc["pad"])
+    x = np.where(real[:, None], x_real, x_pad)
+    x64, w64, x32, w32 = random_inputs(spec, x)
+
+    def batched(x, w):
+        attention_mask = hf_extended_attention_mask(torch.from_numpy(mask), x.dtype)
+        r = hf_attention(x.view(B, T, C), w, n_head, None, attention_mask)
+        out = r["out"].reshape(N, C).clone()
+        out[torch.from_numpy(~real)] = 0.0  # the library's contract; HF's values there are meaningless
+        return out, r
+
+    with torch.no_grad():
+        out64, r64 = batched(x64, w64)
+        out32, _ = batched(x32, w32)
+
+    # Real queries must give exactly zero weight to padded keys; max |logit| over real queries and the
+    # real keys they can see.
+    probs = r64["probs"].numpy()
+    raw = r64["raw_logits"].numpy()
+    causal = r64["causal"].numpy()
+    max_abs_logit = 0.0
+    real_probs = []
+    for b in range(B):
+        q_real = mask[b] > 0
+        if np.any(probs[b][:, q_real][:, :, mask[b] == 0] != 0.0):
+            raise AssertionError(f"{spec['case']}: sequence {b}: a real row gives weight to padding")
+        visible = causal & q_real[:, None] & (mask[b] > 0)[None, :]
+        if visible.any():
+            max_abs_logit = max(max_abs_logit, float(np.abs(raw[b][:, visible]).max()))
+        real_probs.append(probs[b][:, q_real].reshape(-1, T))
+
+    # Each sequence's real rows = the whole-sequence reference on just those rows.
+    for b in range(B):
+        if lengths[b] == 0:
+            continue
+        sel = slice(b * T + starts[b], b * T + starts[b] + lengths[b])
+        xs = x64[sel]
+        whole = torch_attention(xs, w64, n_head)
+        alt = numpy_attention_loop(xs.numpy(), {n: t.numpy() for n, t in w64.items()}, n_head)
+        _cross_check(spec["case"], f"sequence {b} vs whole-sequence torch reference, out", out64[sel].numpy(),
+                     whole["out"].numpy())
+        _cross_check(spec["case"], f"sequence {b} vs numpy-loop reference, out", out64[sel].numpy(), alt["out"])
+
+    tensors = {"out": out64.numpy().copy()}
+    tensors32 = {"out": out32.numpy().copy()}
+    meta = _meta_head(spec, weights_sha256, {"B": str(B), "T": str(T), "starts": _csv(starts),
+                                             "lengths": _csv(lengths)})
+    meta["rows"] = _csv(range(N))
+    meta["max_abs_logit"] = f"{max_abs_logit:.6g}"
+    errs = _torch32_errs(meta, tensors, tensors32, ["out"])
+    meta["note"] = "all B*T rows stored; rows of padding are exactly 0"
+    return tensors, meta, errs, max_abs_logit, {"probs": torch.from_numpy(np.concatenate(real_probs)),
+                                                "out": out64[torch.from_numpy(real)]}
+
+
+# --- kind "batch_decode" ----------------------------------------------------------------------
+
+def decode_slots(lengths, prompts):
+    """The slot layout of HF batched generation. Step 0 is the prompts, left-padded to
+    maxP = max(prompts) slots; each later step appends one slot to every sequence: its next token
+    while it has one, else padding; steps run until every sequence is done. Returns (tokens, maxP,
+    n_steps) with tokens[b][j] = the token index in slot j of sequence b, or None for padding."""
+    maxP = max(prompts)
+    n_steps = max(L - P for L, P in zip(lengths, prompts))
+    tokens = []
+    for L, P in zip(lengths, prompts):
+        assert 1 <= P <= L
+        row = [None] * (maxP - P) + list(range(P))
+        row += [P + s - 1 if P + s - 1 < L else None for s in range(1, n_steps + 1)]
+        assert sorted(t for t in row if t is not None) == list(range(L))
+        tokens.append(row)
+    return tokens, maxP, n_steps
+
+
+def run_batch_decode_case(spec, weights, weights_sha256):
+    C, n_head, B = spec["C"], spec["n_head"], spec["B"]
+    lengths, prompts = spec["lengths"], spec["prompts"]
+    assert len(lengths) == B and len(prompts) == B
+    Lmax = max(lengths)
+    tokens, maxP, n_steps = decode_slots(lengths, prompts)
+    L = maxP + n_steps  # slots per sequence in the final cache
+    S, sc = spec["seed"], spec["scales"]
+    x_real = det_tensor(S + SEED_OFFSET["x"], (B * Lmax, C), sc["x"])
+    x_pad = det_tensor(S + SEED_OFFSET["pad"], (B * Lmax, C), sc["pad"])
+    x = np.empty((B, L, C))
+    mask = np.zeros((B, L))
+    for b in range(B):
+        for j, t in enumerate(tokens[b]):
+            if t is None:
+                x[b, j] = x_pad[b * Lmax + j % Lmax]
+            else:
+                x[b, j] = x_real[b * Lmax + t]
+                mask[b, j] = 1.0
+    x64, w64, x32, w32 = random_inputs(spec, x.reshape(B * L, C))
+
+    def generate(x, w):
+        xs = x.view(B, L, C)
+        am = torch.from_numpy(mask)
+        outs = torch.zeros((B, L, C), dtype=x.dtype)
+        steps = []  # (first slot of the step's queries, result)
+        layer_past = None
+        for s in range(n_steps + 1):
+            q0, K = (0, maxP) if s == 0 else (maxP + s - 1, maxP + s)
+            r = hf_attention(xs[:, q0:K], w, n_head, layer_past, hf_extended_attention_mask(am[:, :K], x.dtype))
+            layer_past = r["present"]
+            assert layer_past[0].shape[-2] == K
+            outs[:, q0:K] = r["out"]
+            steps.append((q0, r))
+        result = torch.zeros((B * Lmax, C), dtype=x.dtype)  # rows i >= lengths[b] stay exactly 0
+        for b in range(B):
+            for j, t in enumerate(tokens[b]):
+                if t is not None:
+                    result[b * Lmax + t] = outs[b, j]
+        return result, steps
+
+    with torch.no_grad():
+        out64, steps64 = generate(x64, w64)
+        out32, _ = generate(x32, w32)
+
+    max_abs_logit = 0.0
+    real_probs = []
+    for q0, r in steps64:
+        probs = r["probs"].numpy()
+        raw = r["raw_logits"].numpy()
+        causal = r["causal"].numpy()
+        K = probs.shape[-1]
+        for b in range(B):
+            q_real = mask[b, q0:K] > 0
+            k_real = mask[b, :K] > 0
+            if np.any(probs[b][:, q_real][:, :, ~k_real] != 0.0):
+                raise AssertionError(f"{spec['case']}: sequence {b}: a real row gives weight to padding")
+            visible = causal & q_real[:, None] & k_real[None, :]
+            if visible.any():
+                max_abs_logit = max(max_abs_logit, float(np.abs(raw[b][:, visible]).max()))
+            p = np.zeros((n_head, int(q_real.sum()), L))
+            p[:, :, :K] = probs[b][:, q_real]
+            real_probs.append(p.reshape(-1, L))
+
+    # Each sequence = the whole-sequence reference on its tokens alone.
+    x_real64 = torch.from_numpy(x_real)
+    for b in range(B):
+        sel = slice(b * Lmax, b * Lmax + lengths[b])
+        whole = torch_attention(x_real64[sel], w64, n_head)
+        alt = numpy_attention_loop(x_real[sel], {n: t.numpy() for n, t in w64.items()}, n_head)
+        _cross_check(spec["case"], f"sequence {b} vs whole-sequence torch reference, out", out64[sel].numpy(),
+                     whole["out"].numpy())
+        _cross_check(spec["case"], f"sequence {b} vs numpy-loop reference, out", out64[sel].numpy(), alt["out"])
+
+    tensors = {"out": out64.numpy().copy()}
+    tensors32 = {"out": out32.numpy().copy()}
+    meta = _meta_head(spec, weights_sha256, {"B": str(B), "lengths": _csv(lengths), "prompts": _csv(prompts),
+                                             "Lmax": str(Lmax), "T": str(Lmax)})
+    meta["rows"] = _csv(range(B * Lmax))
+    meta["max_abs_logit"] = f"{max_abs_logit:.6g}"
+    errs = _torch32_errs(meta, tensors, tensors32, ["out"])
+    meta["note"] = (f"row b*Lmax+i = token i of sequence b, rows i >= lengths[b] are 0; generated as "
+                    f"{maxP} left-padded prompt slots + {n_steps} steps of one slot; padding slot j of "
+                    f"sequence b is pad row b*Lmax + j mod Lmax")
+    real_rows = torch.from_numpy(np.concatenate([np.arange(lengths[b]) + b * Lmax for b in range(B)]))
+    return tensors, meta, errs, max_abs_logit, {"probs": torch.from_numpy(np.concatenate(real_probs)),
+                                                "out": out64[real_rows]}
+
+
+RUNNERS = {None: run_case, "past": run_past_case, "batch": run_batch_case, "batch_decode": run_batch_decode_case}
+
+
 def describe_attention(ref):
     """Mean over heads and rows of the max probability and the entropy: a sanity check that the
     attention is neither uniform nor one-hot."""
@@ -428,16 +830,14 @@ def main():
         if spec.get("real") and weights is None:
             print(f"skip {spec['case']}: no weights file", file=sys.stderr)
             continue
-        tensors, meta, errs, max_abs_logit, ref = run_case(spec, weights, weights_sha256)
+        tensors, meta, errs, max_abs_logit, ref = RUNNERS[spec.get("kind")](spec, weights, weights_sha256)
         path = os.path.join(args.out, spec["case"] + ".safetensors")
         write_safetensors(path, tensors, meta)
         if args.verbose:
             pmax, ent, out_std = describe_attention(ref)
             print(f"  {spec['case']}: mean max prob {pmax:.3f}, mean entropy {ent:.3f} nats, "
                   f"out std {out_std:.3f}", file=sys.stderr)
-        shown_rows = f"all {spec['T']}" if "note" not in meta or "rows subset" not in meta["note"] else meta["rows"]
-        table.append((spec["case"], spec["C"], spec["n_head"], spec["T"], shown_rows, errs,
-                      max_abs_logit, os.path.getsize(path)))
+        table.append(table_row(spec, meta, errs, max_abs_logit, os.path.getsize(path)))
 
     print(format_table(table))
     total = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out)
@@ -466,13 +866,51 @@ def update_readme(path, text):
         f.write(readme[:begin] + "\n" + text + "\n" + readme[end:])
 
 
+def _runs(values):
+    """17,1,1,5 stays as it is; runs of four or more equal values are written v×n (32,1×32)."""
+    parts, i = [], 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        parts += [f"{values[i]}×{j - i}"] if j - i >= 4 else [str(values[i])] * (j - i)
+        i = j
+    return ",".join(parts)
+
+
+def table_row(spec, meta, errs, max_abs_logit, size):
+    kind = spec.get("kind", "whole")
+    T = int(meta["T"])
+    n_rows = len(meta["rows"].split(","))
+    if kind == "whole":
+        layout = "-"
+        rows = f"all {T}" if "note" not in meta or "rows subset" not in meta["note"] else meta["rows"]
+    elif kind == "past":
+        layout = "chunks " + _runs(spec["chunks"])
+        rows = f"all {T}" if n_rows == T else meta["rows"]
+    elif kind == "batch":
+        layout = f"B {spec['B']}, starts {meta['starts']}, lengths {meta['lengths']}"
+        rows = f"all {n_rows}"
+    else:
+        layout = f"B {spec['B']}, lengths {meta['lengths']}, prompts {meta['prompts']}"
+        rows = f"all {n_rows}"
+    kv = max(errs[n] for n in ("present_k", "present_v")) if "present_k" in errs else None
+    return dict(case=spec["case"], kind=kind, C=spec["C"], n_head=spec["n_head"], T=T, layout=layout, rows=rows,
+                out=errs["out"], probs=errs.get("probs"), merged=errs.get("merged"), kv=kv,
+                max_abs_logit=max_abs_logit, size=size)
+
+
 def format_table(table):
-    lines = ["| case | C | n_head | T | rows | torch32_err_out | torch32_err_probs | torch32_err_merged "
-             "| max_abs_logit | bytes |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for case, C, n_head, T, rows, errs, mal, size in table:
-        lines.append(f"| {case} | {C} | {n_head} | {T} | {rows} | {errs['out']:.3e} | {errs['probs']:.3e} "
-                     f"| {errs['merged']:.3e} | {mal:.6g} | {size} |")
+    def e(v):
+        return "-" if v is None else f"{v:.3e}"
+
+    lines = ["| case | kind | C | n_head | T | layout | rows | torch32_err_out | torch32_err_probs "
+             "| torch32_err_merged | torch32_err_present_k/v | max_abs_logit | bytes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(f"| {r['case']} | {r['kind']} | {r['C']} | {r['n_head']} | {r['T']} | {r['layout']} "
+                     f"| {r['rows']} | {e(r['out'])} | {e(r['probs'])} | {e(r['merged'])} | {e(r['kv'])} "
+                     f"| {r['max_abs_logit']:.6g} | {r['size']} |")
     return "\n".join(lines)
 
 
