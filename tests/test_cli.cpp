@@ -214,6 +214,23 @@ RowMatrix<T> read_npy_matrix(const std::string& path, Index rows, Index cols) {
   return Eigen::Map<const RowMatrix<T>>(v.data(), rows, cols);
 }
 
+// A float32 (dtype "f32") or float64 ("f64") .npy of `shape` as double, its leading dimensions
+// flattened: [T, C] -> [T, C], [B, T, C] -> [B * T, C], [n_head, T, T] -> [n_head * T, T].
+RowMatrix<double> read_matrix_as_double(const std::string& path, const std::string& dtype,
+                                        const std::vector<std::int64_t>& shape) {
+  const Index cols = static_cast<Index>(shape.back());
+  Index rows = 1;
+  for (std::size_t i = 0; i + 1 < shape.size(); ++i) rows *= static_cast<Index>(shape[i]);
+  if (dtype == "f32") {
+    const std::vector<float> v = read_npy<float>(path, shape);
+    if (static_cast<Index>(v.size()) != rows * cols) return RowMatrix<double>();
+    return Eigen::Map<const RowMatrix<float>>(v.data(), rows, cols).cast<double>();
+  }
+  const std::vector<double> v = read_npy<double>(path, shape);
+  if (static_cast<Index>(v.size()) != rows * cols) return RowMatrix<double>();
+  return Eigen::Map<const RowMatrix<double>>(v.data(), rows, cols);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fixture: a directory holding w.safetensors (layers 0 and 1) and x.npy [kT, kC]
 // ---------------------------------------------------------------------------------------------
@@ -359,6 +376,327 @@ TEST_F(CliTest, RunAcceptsFlagEqualsValue) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// run --prefill: through a KV cache
+// ---------------------------------------------------------------------------------------------
+
+// Y and P of `run --prefill N` against a plain run: bitwise for N >= T (one chunk, the plain
+// forward's own arithmetic), within the file's tolerance otherwise: a decode step's one-row
+// products take another path (GEMV), so rounding differs. Measured max |diff| / max |plain| on
+// these inputs, any N < T: Y 1.2e-7, P 6.0e-8 in float (1 to 2 ulp; the bound 1e-6 leaves a
+// margin of 8); Y 2.2e-16, P 1.7e-16 in double.
+TEST_F(CliTest, RunPrefillMatchesThePlainRun) {
+  for (const std::string dtype : {"f32", "f64"}) {
+    ASSERT_EQ(run_default({"--probs", "p.npy", "--dtype", dtype}).status, 0);
+    const double tol = dtype == "f32" ? kFloatTol : kDoubleTol;
+    const RowMatrix<double> y = read_matrix_as_double(file("y.npy"), dtype, {kT, kC});
+    const RowMatrix<double> p = read_matrix_as_double(file("p.npy"), dtype, {kHeads, kT, kT});
+    for (const Index n : {Index{0}, Index{1}, kT - 1, kT, kT + 5}) {
+      SCOPED_TRACE("--dtype " + dtype + " --prefill " + std::to_string(n));
+      const CliResult r = cli({"run", "--weights", "w.safetensors", "--input", "x.npy", "--output",
+                               "yc.npy", "--n-head", "4", "--probs", "pc.npy", "--dtype", dtype,
+                               "--prefill", std::to_string(n)});
+      EXPECT_SUCCESS(r);
+      if (n >= kT) {
+        EXPECT_EQ(read_text(file("yc.npy")), read_text(file("y.npy")));
+        EXPECT_EQ(read_text(file("pc.npy")), read_text(file("p.npy")));
+      } else {
+        EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("yc.npy"), dtype, {kT, kC}), y, tol));
+        const RowMatrix<double> pc = read_matrix_as_double(file("pc.npy"), dtype, {kHeads, kT, kT});
+        EXPECT_TRUE(gpt2::test::near(pc, p, tol));
+        for (Index row = 0; row < pc.rows(); ++row)  // the chunks' maps were placed right
+          for (Index s = row % kT + 1; s < kT; ++s) EXPECT_EQ(pc(row, s), 0.0) << row << ", " << s;
+      }
+    }
+  }
+}
+
+TEST_F(CliTest, RunPrefillWithoutProbsAndOnAnEmptySequence) {
+  ASSERT_EQ(run_default().status, 0);
+  EXPECT_SUCCESS(cli({"run", "--weights", "w.safetensors", "--input", "x.npy", "--output", "yc.npy",
+                      "--n-head", "4", "--prefill", "3"}));
+  EXPECT_TRUE(gpt2::test::near(read_npy_matrix<float>(file("yc.npy"), kT, kC),
+                               read_npy_matrix<float>(file("y.npy"), kT, kC), kFloatTol));
+
+  gpt2::npy::write<float>(file("x0.npy"), RowMatrix<float>(0, kC));
+  EXPECT_SUCCESS(cli({"run", "--weights", "w.safetensors", "--input", "x0.npy", "--output", "y.npy",
+                      "--n-head", "4", "--prefill", "2", "--probs", "p.npy"}));
+  EXPECT_TRUE(read_npy<float>(file("y.npy"), {0, kC}).empty());
+  EXPECT_TRUE(read_npy<float>(file("p.npy"), {kHeads, 0, 0}).empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// run on a padded batch X [B, T, C]
+// ---------------------------------------------------------------------------------------------
+
+constexpr Index kB = 3;   // sequences of the batch input
+constexpr Index kTb = 7;  // its padded length
+
+// What the library gives each sequence's real rows alone (rows starts[b] .. starts[b] +
+// lengths[b] - 1 of sequence b of x [kB * kTb, kC]), everything else 0:
+//   y [kB * kTb, kC]; probs [kB * kHeads * kTb, kTb] = [B, n_head, T, T]
+template <class T>
+struct BatchExpected {
+  RowMatrix<T> y, probs;
+};
+
+template <class T>
+BatchExpected<T> per_sequence(const Layer& layer, const RowMatrix<T>& x,
+                              const std::vector<Index>& starts, const std::vector<Index>& lengths) {
+  BatchExpected<T> e{RowMatrix<T>::Zero(kB * kTb, kC), RowMatrix<T>::Zero(kB * kHeads * kTb, kTb)};
+  for (Index b = 0; b < kB; ++b) {
+    const Index s = starts[static_cast<std::size_t>(b)], l = lengths[static_cast<std::size_t>(b)];
+    RowMatrix<T> probs;
+    const RowMatrix<T> real = x.middleRows(b * kTb + s, l);  // a copy: the real rows alone
+    e.y.middleRows(b * kTb + s, l) = layer.forward<T>(real, kHeads, &probs);
+    for (Index h = 0; h < kHeads; ++h)
+      e.probs.block((b * kHeads + h) * kTb + s, s, l, l) = probs.middleRows(h * l, l);
+  }
+  return e;
+}
+
+// The bytes of a .npy file of any rank (npy::read stops at 3 dimensions) as T, after checking
+// that it starts with the header numpy.save writes for T and `shape`.
+template <class T>
+std::vector<T> read_npy_any_rank(const std::string& path, const std::vector<std::int64_t>& shape) {
+  const std::string bytes = read_text(path);
+  std::string dict = std::string("{'descr': '") + (sizeof(T) == 4 ? "<f4" : "<f8") +
+                     "', 'fortran_order': False, 'shape': (";
+  std::size_t n = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    dict += (i ? ", " : "") + std::to_string(shape[i]);
+    n *= static_cast<std::size_t>(shape[i]);
+  }
+  dict += "), }";
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8)) << path;
+  const std::size_t header = bytes.size() < 10 ? 0 : 10 + (static_cast<unsigned char>(bytes[8]) |
+                                                           static_cast<unsigned char>(bytes[9]) << 8);
+  EXPECT_EQ(header % 64, 0u) << path;
+  EXPECT_EQ(bytes.substr(10, dict.size()), dict) << path;
+  EXPECT_EQ(bytes.size(), header + n * sizeof(T)) << path;
+  if (header == 0 || bytes.size() != header + n * sizeof(T)) return {};
+  std::vector<T> v(n);
+  std::memcpy(v.data(), bytes.data() + header, n * sizeof(T));
+  return v;
+}
+
+// A float32 .npy file of zeros of a 4-D shape, as numpy.save writes it (npy::write stops at 3).
+std::string npy_bytes_4d(const std::vector<std::int64_t>& shape) {
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
+  std::size_t n = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    dict += (i ? ", " : "") + std::to_string(shape[i]);
+    n *= static_cast<std::size_t>(shape[i]);
+  }
+  dict += "), }";
+  dict.append(64 - (10 + dict.size() + 1) % 64, ' ');
+  dict += '\n';
+  std::string bytes("\x93NUMPY\x01\x00", 8);
+  bytes += static_cast<char>(dict.size() & 0xFF);
+  bytes += static_cast<char>(dict.size() >> 8);
+  return bytes + dict + std::string(n * sizeof(float), '\0');
+}
+
+// Y [B, T, C] as [B * T, C] and P [B, n_head, T, T] as [B * n_head * T, T].
+template <class T>
+RowMatrix<T> read_batch_y(const std::string& path) {
+  const std::vector<T> v = read_npy<T>(path, {kB, kTb, kC});
+  if (static_cast<Index>(v.size()) != kB * kTb * kC) return RowMatrix<T>();
+  return Eigen::Map<const RowMatrix<T>>(v.data(), kB * kTb, kC);
+}
+template <class T>
+RowMatrix<T> read_batch_probs(const std::string& path) {
+  const std::vector<T> v = read_npy_any_rank<T>(path, {kB, kHeads, kTb, kTb});
+  if (static_cast<Index>(v.size()) != kB * kHeads * kTb * kTb) return RowMatrix<T>();
+  return Eigen::Map<const RowMatrix<T>>(v.data(), kB * kHeads * kTb, kTb);
+}
+
+// Rows of the batch that are padding under (starts, lengths).
+std::vector<Index> padded_rows(const std::vector<Index>& starts, const std::vector<Index>& lengths) {
+  std::vector<Index> rows;
+  for (Index b = 0; b < kB; ++b)
+    for (Index t = 0; t < kTb; ++t) {
+      const Index s = starts[static_cast<std::size_t>(b)], l = lengths[static_cast<std::size_t>(b)];
+      if (t < s || t >= s + l) rows.push_back(b * kTb + t);
+    }
+  return rows;
+}
+
+// "3,0,7"
+std::string csv(const std::vector<Index>& values) {
+  std::string s;
+  for (const Index v : values) s += (s.empty() ? "" : ",") + std::to_string(v);
+  return s;
+}
+
+class CliBatchTest : public CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    write_batch("xb.npy", xb);
+  }
+
+  void write_batch(const std::string& name, const RowMatrix<float>& m) const {
+    gpt2::npy::write<float>(file(name), m.data(), {kB, kTb, kC});
+  }
+
+  // run on xb.npy (or `input`) -> yb.npy, pb.npy, plus `extra`.
+  CliResult run_batch(const std::vector<std::string>& extra, const std::string& input = "xb.npy") const {
+    std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", input,
+                                     "--output", "yb.npy", "--probs", "pb.npy", "--n-head", "4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return cli(args);
+  }
+
+  // The run's Y and P against the library on each sequence's real rows alone, in float; padded
+  // rows of Y and padded rows and columns of P exactly 0.
+  void expect_per_sequence(const std::vector<Index>& starts, const std::vector<Index>& lengths) const {
+    const BatchExpected<float> e = per_sequence<float>(layer0, xb, starts, lengths);
+    const RowMatrix<float> y = read_batch_y<float>(file("yb.npy")), p = read_batch_probs<float>(file("pb.npy"));
+    EXPECT_TRUE(gpt2::test::near(y, e.y, kFloatTol));
+    EXPECT_TRUE(gpt2::test::near(p, e.probs, kFloatTol));
+    if (y.rows() != kB * kTb || p.rows() != kB * kHeads * kTb) return;
+    for (const Index row : padded_rows(starts, lengths)) {
+      EXPECT_TRUE((y.row(row).array() == 0.0f).all()) << "Y row " << row;
+      const Index b = row / kTb, t = row % kTb;
+      for (Index h = 0; h < kHeads; ++h) {
+        EXPECT_TRUE((p.row((b * kHeads + h) * kTb + t).array() == 0.0f).all()) << "P row " << row;
+        EXPECT_TRUE((p.block((b * kHeads + h) * kTb, t, kTb, 1).array() == 0.0f).all()) << "P column " << t;
+      }
+    }
+  }
+
+  RowMatrix<float> xb = [] {
+    std::mt19937 rng(4);
+    return random_matrix(rng, kB * kTb, kC, 1.0f);
+  }();
+};
+
+TEST_F(CliBatchTest, EveryRowIsRealWithoutLengths) {
+  EXPECT_SUCCESS(run_batch({}));
+  expect_per_sequence({0, 0, 0}, {kTb, kTb, kTb});
+}
+
+TEST_F(CliBatchTest, LengthsAreRightPadding) {
+  const std::vector<Index> lengths = {kTb, 4, 0};  // a full sequence, a shorter one, an empty one
+  EXPECT_SUCCESS(run_batch({"--lengths", csv(lengths)}));
+  expect_per_sequence({0, 0, 0}, lengths);
+}
+
+TEST_F(CliBatchTest, StartsAreLeftPadding) {
+  const std::vector<Index> starts = {0, 3, kTb};  // lengths T - start: 7, 4, 0
+  EXPECT_SUCCESS(run_batch({"--starts", csv(starts)}));
+  expect_per_sequence(starts, {kTb, 4, 0});
+
+  const std::vector<Index> lengths = {2, 3, 0};  // padding on both sides
+  EXPECT_SUCCESS(run_batch({"--starts", "5,1,0", "--lengths", csv(lengths)}));
+  expect_per_sequence({5, 1, 0}, lengths);
+}
+
+TEST_F(CliBatchTest, DoubleComputesInDouble) {
+  const std::vector<Index> starts = {1, 0, 6}, lengths = {5, kTb, 1};
+  EXPECT_SUCCESS(run_batch({"--starts", csv(starts), "--lengths", csv(lengths), "--dtype", "f64"}));
+  const BatchExpected<double> e = per_sequence<double>(layer0, RowMatrix<double>(xb.cast<double>()), starts, lengths);
+  EXPECT_TRUE(gpt2::test::near(read_batch_y<double>(file("yb.npy")), e.y, kDoubleTol));
+  EXPECT_TRUE(gpt2::test::near(read_batch_probs<double>(file("pb.npy")), e.probs, kDoubleTol));
+}
+
+TEST_F(CliBatchTest, NaNInPaddedRowsReachesNothing) {
+  const std::vector<Index> starts = {2, 0, 0}, lengths = {3, 5, 0};
+  const std::vector<std::string> flags = {"--starts", csv(starts), "--lengths", csv(lengths)};
+  RowMatrix<float> poisoned = xb;
+  for (const Index row : padded_rows(starts, lengths))
+    poisoned.row(row).setConstant(std::numeric_limits<float>::quiet_NaN());
+  write_batch("xnan.npy", poisoned);
+  for (const std::string prefill : {"", "2"}) {
+    SCOPED_TRACE("--prefill '" + prefill + "'");
+    std::vector<std::string> extra = flags;
+    if (!prefill.empty()) extra.insert(extra.end(), {"--prefill", prefill});
+    EXPECT_SUCCESS(run_batch(extra));
+    const std::string y = read_text(file("yb.npy")), p = read_text(file("pb.npy"));
+    EXPECT_SUCCESS(run_batch(extra, "xnan.npy"));
+    EXPECT_EQ(read_text(file("yb.npy")), y) << "the NaN rows changed Y";
+    EXPECT_EQ(read_text(file("pb.npy")), p) << "the NaN rows changed P";
+    EXPECT_TRUE(read_batch_y<float>(file("yb.npy")).allFinite());
+    EXPECT_TRUE(read_batch_probs<float>(file("pb.npy")).allFinite());
+    expect_per_sequence(starts, lengths);
+  }
+}
+
+// Batched decode (--prefill N with [B, T, C]) against the plain batched run: bitwise when the first
+// step holds every token (N >= T), within the file's tolerance otherwise (measured max |diff| /
+// max |plain|, any N < T: 2.1e-7 in float, 2.0e-16 in double); P is computed the same way with and
+// without --prefill (per sequence, no cache), so it is bitwise the same.
+TEST_F(CliBatchTest, PrefillIsABatchedDecode) {
+  const std::vector<Index> starts = {0, 3, 1}, lengths = {kTb, 4, 0};
+  for (const std::string dtype : {"f32", "f64"}) {
+    const std::vector<std::string> flags = {"--starts", csv(starts), "--lengths", csv(lengths), "--dtype", dtype};
+    ASSERT_EQ(run_batch(flags).status, 0);
+    const std::string y = read_text(file("yb.npy")), p = read_text(file("pb.npy"));
+    const RowMatrix<double> y_plain = read_matrix_as_double(file("yb.npy"), dtype, {kB, kTb, kC});
+    for (const Index n : {Index{0}, Index{1}, Index{3}, kTb - 1, kTb, kTb + 1}) {
+      SCOPED_TRACE("--dtype " + dtype + " --prefill " + std::to_string(n));
+      std::vector<std::string> extra = flags;
+      extra.insert(extra.end(), {"--prefill", std::to_string(n)});
+      EXPECT_SUCCESS(run_batch(extra));
+      EXPECT_EQ(read_text(file("pb.npy")), p);
+      if (n >= kTb) {
+        EXPECT_EQ(read_text(file("yb.npy")), y);
+      } else {
+        const RowMatrix<double> y_decode = read_matrix_as_double(file("yb.npy"), dtype, {kB, kTb, kC});
+        EXPECT_TRUE(gpt2::test::near(y_decode, y_plain, dtype == "f32" ? kFloatTol : kDoubleTol));
+        for (const Index row : padded_rows(starts, lengths))
+          EXPECT_TRUE((y_decode.row(row).array() == 0.0).all()) << "row " << row;
+      }
+    }
+  }
+}
+
+TEST_F(CliBatchTest, EmptyBatchesAndSequences) {
+  gpt2::npy::write<float>(file("xe.npy"), std::vector<float>().data(), {2, 0, kC});
+  for (const std::string prefill : {"", "1"}) {
+    SCOPED_TRACE("--prefill '" + prefill + "'");
+    std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "xe.npy",
+                                     "--output", "ye.npy", "--probs", "pe.npy", "--n-head", "4",
+                                     "--lengths", "0,0"};
+    if (!prefill.empty()) args.insert(args.end(), {"--prefill", prefill});
+    EXPECT_SUCCESS(cli(args));
+    EXPECT_TRUE(read_npy<float>(file("ye.npy"), {2, 0, kC}).empty());
+    EXPECT_TRUE(read_npy_any_rank<float>(file("pe.npy"), {2, kHeads, 0, 0}).empty());
+  }
+  EXPECT_SUCCESS(run_batch({"--lengths", "0,0,0", "--prefill", "2"}));
+  EXPECT_TRUE((read_batch_y<float>(file("yb.npy")).array() == 0.0f).all());
+  EXPECT_TRUE((read_batch_probs<float>(file("pb.npy")).array() == 0.0f).all());
+}
+
+// The data errors of --lengths and --starts, whole messages.
+TEST_F(CliBatchTest, LayoutErrorsNameTheFlagWhatWasExpectedAndWhatWasGot) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--lengths", "7,4"},
+       "--lengths: expected 3 values (one per sequence of input [3, 7, 64]), got 2"},
+      {{"--starts", "0,1,2,3"},
+       "--starts: expected 3 values (one per sequence of input [3, 7, 64]), got 4"},
+      {{"--lengths", "7,8,0"},
+       "--lengths: expected sequence 1's length in [0, 7] (T of input [3, 7, 64]), got 8"},
+      {{"--starts", "0,0,8"},
+       "--starts: expected sequence 2's start in [0, 7] (T of input [3, 7, 64]), got 8"},
+      {{"--starts", "0,4,0", "--lengths", "7,4,0"},
+       "--lengths: expected sequence 1's length in [0, 3] (T - start = 7 - 4; input [3, 7, 64]), got 4"},
+  };
+  for (const auto& [flags, message] : cases) {
+    SCOPED_TRACE(message);
+    const CliResult r = run_batch(flags);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.err, "gpt2-attention: " + message + "\n");
+  }
+  const CliResult two_d = run_batch({"--lengths", "9"}, "x.npy");
+  EXPECT_EQ(two_d.status, 1);
+  EXPECT_EQ(two_d.err, "gpt2-attention: --lengths: expected a 3-D input [B, T, C] (one value per "
+                       "sequence), got input [9, 64]\n");
+  const std::vector<std::string> expected = {"w.safetensors", "x.npy", "xb.npy"};
+  EXPECT_EQ(dir.list(), expected);
+}
+
+// ---------------------------------------------------------------------------------------------
 // help and usage
 // ---------------------------------------------------------------------------------------------
 
@@ -371,6 +709,9 @@ TEST_F(CliTest, HelpPrintsUsageToStdout) {
     EXPECT_EQ(r.status, 0);
     EXPECT_NE(r.out.find("usage: gpt2-attention run"), std::string::npos);
     EXPECT_NE(r.out.find("gpt2-attention demo"), std::string::npos);
+    for (const std::string flag : {"--prefill N", "--lengths l0,l1,...", "--starts s0,s1,...", "[B, T, C]",
+                                   "[B, n_head, T, T]"})
+      EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
     EXPECT_EQ(r.err, "");
   }
 }
@@ -467,8 +808,31 @@ std::vector<BadCase> bad_cases() {
       {run({{"--layer", "2"}}), 1, {"layer 2", "h.2.attn.c_attn.weight"}},
       {run({{"--input", "missing.npy"}}), 1, {"input", "missing.npy", "No such file"}},
       {run({{"--input", "bad.npy"}}), 1, {"input", "bad.npy", "not a .npy file"}},
-      {run({{"--input", "x3.npy"}}), 1, {"input", "x3.npy", "2-D", "[2, 3, 64]"}},
+      {run({{"--input", "x1.npy"}}), 1, {"input x1.npy: expected shape [T, C] or [B, T, C] with C = 64, got [64]"}},
+      {run({{"--input", "x4.npy"}}), 1,
+       {"input x4.npy: expected shape [T, C] or [B, T, C] with C = 64, got 4 dimensions (shape [1, 2, 3, 64])"}},
       {run({{"--input", "x60.npy"}}), 1, {"input", "x60.npy", "expected shape [T, 64], got [5, 60]"}},
+      {run({{"--input", "x3c60.npy"}}), 1, {"input x3c60.npy: expected shape [B, T, 64], got [2, 3, 60]"}},
+      {run({{"--prefill", "-1"}}), 2, {"--prefill: expected an integer >= 0, got '-1'"}},
+      {run({{"--prefill", "2x"}}), 2, {"--prefill", "2x"}},
+      {run({{"--prefill", "99999999999999999999"}}), 2, {"--prefill", "99999999999999999999"}},
+      {run({{"--lengths", "3,,4"}}), 2, {"--lengths: expected comma-separated integers >= 0, got '3,,4'"}},
+      {run({{"--lengths", "x"}}), 2, {"--lengths", "integers >= 0", "'x'"}},
+      {run({{"--lengths", "3,-1,4"}}), 2, {"--lengths", "'3,-1,4'"}},
+      {run({{"--lengths", "3,4,"}}), 2, {"--lengths", "'3,4,'"}},
+      {run({{"--lengths", "+3"}}), 2, {"--lengths", "'+3'"}},
+      {run({{"--lengths", "3, 4"}}), 2, {"--lengths", "'3, 4'"}},
+      {run({{"--starts", ",1"}}), 2, {"--starts", "integers >= 0", "',1'"}},
+      {{"run", "--weights", "w.safetensors", "--input", "x.npy", "--output", "Y.npy", "--starts", "0",
+        "--starts", "1"}, 2, {"--starts", "more than once"}},
+      {run({{"--lengths", "9"}}), 1, {"--lengths: expected a 3-D input [B, T, C]", "got input [9, 64]"}},
+      {run({{"--starts", "0"}}), 1, {"--starts: expected a 3-D input [B, T, C]", "got input [9, 64]"}},
+      {run({{"--input", "x3.npy"}, {"--lengths", "3"}}), 1,
+       {"--lengths: expected 2 values (one per sequence of input [2, 3, 64]), got 1"}},
+      {run({{"--input", "x3.npy"}, {"--lengths", "3,4"}}), 1, {"--lengths", "[0, 3]", "got 4"}},
+      {run({{"--input", "x3.npy"}, {"--starts", "4,0"}}), 1, {"--starts", "[0, 3]", "got 4"}},
+      {run({{"--input", "x3.npy"}, {"--starts", "1,0"}, {"--lengths", "3,3"}, {"--prefill", "1"}}), 1,
+       {"--lengths", "[0, 2]", "T - start = 3 - 1", "got 3"}},
       {run({{"--output", "nodir/Y.npy"}}), 1, {"output", "nodir/Y.npy"}},
       {run({{"--probs", "nodir/P.npy"}}), 1, {"probs", "nodir/P.npy"}},
       {run({{"--probs", "adir"}}), 1, {"probs adir: not a regular file (it is a directory)"}},
@@ -488,7 +852,10 @@ TEST_F(CliTest, BadInputFailsCleanly) {
   partial.pop_back();  // no c_proj.bias
   write_safetensors(file("partial.safetensors"), partial);
   gpt2::npy::write<float>(file("x3.npy"), std::vector<float>(2 * 3 * kC).data(), {2, 3, kC});
+  gpt2::npy::write<float>(file("x1.npy"), std::vector<float>(kC).data(), {kC});
+  write_text(file("x4.npy"), npy_bytes_4d({1, 2, 3, kC}));  // npy::write stops at 3 dimensions
   gpt2::npy::write<float>(file("x60.npy"), RowMatrix<float>::Zero(5, 60));
+  gpt2::npy::write<float>(file("x3c60.npy"), std::vector<float>(2 * 3 * 60).data(), {2, 3, 60});
   std::filesystem::create_directory(file("adir"));
   std::filesystem::create_symlink("Y.npy", file("ylink.npy"));  // dangling: Y.npy does not exist
   std::filesystem::create_symlink("w.safetensors", file("wlink"));

@@ -6,8 +6,11 @@
 #pragma once
 
 #include <cerrno>
+#include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,6 +27,8 @@ class UsageError : public std::runtime_error {
 // The flags of one subcommand, after parse_flags: each known, given once, with a non-empty value.
 class Flags {
  public:
+  static constexpr long long kNoMax = LLONG_MAX;  // integer_or's max when there is no upper bound
+
   bool help = false;  // --help or -h was given: print the usage, ignore everything else
 
   bool has(const std::string& name) const { return values_.count(name) != 0; }
@@ -42,20 +47,46 @@ class Flags {
   }
 
   // --name as an integer in [min, max], or `fallback` when it was not given. UsageError
-  // "--layer: expected an integer in [0, 1000000], got 'x'" for anything else.
+  // "--layer: expected an integer in [0, 1000000], got 'x'" for anything else ("expected an
+  // integer >= 0" when max is kNoMax).
   long long integer_or(const std::string& name, long long fallback, long long min,
                        long long max) const {
     const auto it = values_.find(name);
     if (it == values_.end()) return fallback;
     const std::string& text = it->second;
-    const std::string expected = "--" + name + ": expected an integer in [" + std::to_string(min) +
-                                 ", " + std::to_string(max) + "], got '" + text + "'";
+    const std::string range = max == kNoMax ? " >= " + std::to_string(min)
+                                            : " in [" + std::to_string(min) + ", " +
+                                                  std::to_string(max) + "]";
+    const std::string expected = "--" + name + ": expected an integer" + range + ", got '" + text + "'";
     errno = 0;
     char* end = nullptr;
     const long long value = std::strtoll(text.c_str(), &end, 10);
     const bool whole = end != text.c_str() && *end == '\0' && text.find_first_of(" \t") == std::string::npos;
     if (!whole || errno == ERANGE || value < min || value > max) throw UsageError(expected);
     return value;
+  }
+
+  // --name as a comma-separated list of integers >= 0 ("3,0,7"), or nothing when it was not
+  // given. UsageError "--lengths: expected comma-separated integers >= 0, got '3,,4'" for anything
+  // else: an empty item, a sign, a space, any other character, a value too large for long long.
+  std::optional<std::vector<long long>> count_list(const std::string& name) const {
+    const auto it = values_.find(name);
+    if (it == values_.end()) return std::nullopt;
+    const std::string& text = it->second;
+    const UsageError bad("--" + name + ": expected comma-separated integers >= 0, got '" + text + "'");
+    std::vector<long long> counts;
+    std::size_t begin = 0;
+    for (;;) {
+      const std::size_t end = std::min(text.find(',', begin), text.size());
+      const std::string item = text.substr(begin, end - begin);
+      if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos) throw bad;
+      errno = 0;
+      const long long value = std::strtoll(item.c_str(), nullptr, 10);
+      if (errno == ERANGE) throw bad;
+      counts.push_back(value);
+      if (end == text.size()) return counts;
+      begin = end + 1;
+    }
   }
 
   // Records --name=value; UsageError if --name was already given.

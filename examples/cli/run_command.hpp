@@ -1,6 +1,11 @@
-// gpt2-attention run: one layer's attention sublayer on X [T, C] from a .npy file.
+// gpt2-attention run: one layer's attention sublayer on X [T, C] or on a padded batch X [B, T, C]
+// from a .npy file.
 //
-//   Y = attention(c_attn, c_proj of layer L)(X)     X [T, C] -> Y [T, C]  (and probs [n_head, T, T])
+//   X [T, C]      -> Y [T, C]      (and probs [n_head, T, T]); --prefill N: through a KV cache
+//                                  (prefill_run.hpp)
+//   X [B, T, C]   -> Y [B, T, C]   (and probs [B, n_head, T, T]); real rows from --starts and
+//                                  --lengths (run_input.hpp), padded rows of Y exactly 0; --prefill
+//                                  N: batched decode through one KV cache per sequence (batch_run.hpp)
 //
 // Everything is read, checked and computed in memory first; the files are written last, all or
 // nothing (output_files.hpp). So --output may name the --input file; no output may name the
@@ -8,20 +13,23 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "args.hpp"
+#include "batch_run.hpp"
 #include "gpt2/attention.hpp"
 #include "gpt2/detail/io_util.hpp"
-#include "gpt2/npy.hpp"
 #include "gpt2/safetensors.hpp"
 #include "output_files.hpp"
+#include "prefill_run.hpp"
+#include "run_input.hpp"
 
 namespace gpt2::cli {
 
-inline const std::vector<std::string> kRunFlags = {"weights", "layer", "input", "output",
-                                                   "n-head",  "dtype", "probs"};
+inline const std::vector<std::string> kRunFlags = {
+    "weights", "layer", "input", "output", "n-head", "dtype", "probs", "prefill", "lengths", "starts"};
 
 enum class Precision { f32, f64 };
 
@@ -32,6 +40,8 @@ struct RunOptions {
   int layer = 0;
   Index n_head = 0;  // 0: n_embd / 64
   Precision precision = Precision::f32;
+  std::optional<Index> prefill;                      // --prefill N: through KV caches
+  std::optional<std::vector<long long>> starts, lengths;  // a batch's real rows
 };
 
 // --dtype f32|f64 (default f32).
@@ -74,6 +84,10 @@ inline RunOptions parse_run_options(const Flags& flags) {
   o.layer = static_cast<int>(flags.integer_or("layer", 0, 0, 1000000));
   o.n_head = static_cast<Index>(flags.integer_or("n-head", 0, 1, 1000000));
   o.precision = parse_precision(flags);
+  if (flags.has("prefill"))
+    o.prefill = static_cast<Index>(flags.integer_or("prefill", 0, 0, Flags::kNoMax));
+  o.starts = flags.count_list("starts");
+  o.lengths = flags.count_list("lengths");
   check_distinct_files(o);
   return o;
 }
@@ -97,31 +111,13 @@ safetensors::LoadedAttention<T> load_layer(const safetensors::File& file, int la
   }
 }
 
-// X [T, n_embd] from a 2-D float32 or float64 .npy file, converted to T.
-template <class T>
-RowMatrix<T> read_input(const std::string& path, Index n_embd) {
-  npy::Array array;
-  try {
-    array = npy::read(path);
-  } catch (const Error& e) {
-    throw Error(in_context("input", path, e.what()));
-  }
-  const std::string expected = "[T, " + std::to_string(n_embd) + "]";
-  if (array.shape.size() != 2)
-    throw ShapeError("input " + path + ": expected a 2-D array " + expected + ", got shape " +
-                     detail::shape_string(array.shape));
-  if (array.shape[1] != n_embd)
-    throw ShapeError("input " + path + ": expected shape " + expected + ", got " +
-                     detail::shape_string(array.shape));
-  return array.to_matrix<T>();
-}
-
-// The results of one run, all in memory.
+// The results of one run, all in memory, with the shapes they are written with.
 template <class T>
 struct RunResult {
-  RowMatrix<T> out;    // [T, C]
-  RowMatrix<T> probs;  // [n_head * T, T] = [n_head, T, T], or empty when not requested
-  Index n_head = 0;
+  RowMatrix<T> out;    // [T, C] or [B * T, C]
+  RowMatrix<T> probs;  // [n_head * T, T] or [B * n_head * T, T]; empty when not requested
+  std::vector<std::int64_t> out_shape, probs_shape;  // [T, C] or [B, T, C]; [n_head, T, T] or
+                                                     // [B, n_head, T, T]
 };
 
 // Loads, reads and computes everything `o` asks for, in precision T. Writes nothing.
@@ -130,18 +126,34 @@ RunResult<T> compute_run(const RunOptions& o) {
   const safetensors::File file = open_weights(o.weights);
   const safetensors::LoadedAttention<T> loaded = load_layer<T>(file, o.layer, o.n_head);
   const AttentionWeights<T>& w = loaded.weights();
-  const RowMatrix<T> x = read_input<T>(o.input, w.n_embd());
+  const RunInput<T> input = read_input<T>(o.input, w.n_embd());
+  const BatchLayout layout = input_layout(input.shape, o.starts, o.lengths);
 
-  const Index T_ = x.rows();
+  const Index n_head = w.n_head(), T_ = input.tokens();
   RunResult<T> r;
-  r.n_head = w.n_head();
-  r.out.resize(T_, w.n_embd());
-  Workspace<T> ws(w.config(), T_);
-  if (o.probs.empty()) {
-    attention_forward<T>(w, x, ws, r.out);
+  r.out.resize(input.x.rows(), w.n_embd());
+  r.out_shape = input.shape;
+  RowMatrix<T>* probs = o.probs.empty() ? nullptr : &r.probs;
+  if (!input.batched()) {
+    r.probs_shape = {n_head, T_, T_};
+    if (o.prefill) {
+      prefill_forward<T>(w, input.x, *o.prefill, r.out, probs);
+    } else {
+      Workspace<T> ws(w.config(), T_);
+      if (probs) {
+        probs->resize(n_head * T_, T_);
+        attention_forward<T>(w, input.x, ws, r.out, *probs);
+      } else {
+        attention_forward<T>(w, input.x, ws, r.out);
+      }
+    }
   } else {
-    r.probs.resize(w.n_head() * T_, T_);
-    attention_forward<T>(w, x, ws, r.out, r.probs);
+    r.probs_shape = {input.batch(), n_head, T_, T_};
+    if (o.prefill)
+      batch_decode<T>(w, input.x, layout, *o.prefill, r.out);
+    else
+      batch_forward<T>(w, input.x, layout, r.out);
+    if (probs) *probs = batch_probs<T>(w, input.x, layout);
   }
   return r;
 }
@@ -151,15 +163,12 @@ template <class T>
 void write_run_result(const RunOptions& o, const RunResult<T>& r) {
   std::vector<PendingFile> files;
   files.push_back({"output", o.output, [&r](const std::string& path) {
-                     return npy::StagedFile::stage<T>(path, r.out);
+                     return stage_npy<T>(path, r.out.data(), r.out_shape);
                    }});
-  if (!o.probs.empty()) {
-    const auto T_ = static_cast<std::int64_t>(r.out.rows());
-    const std::vector<std::int64_t> shape = {static_cast<std::int64_t>(r.n_head), T_, T_};
-    files.push_back({"probs", o.probs, [&r, shape](const std::string& path) {
-                       return npy::StagedFile::stage<T>(path, r.probs.data(), shape);
+  if (!o.probs.empty())
+    files.push_back({"probs", o.probs, [&r](const std::string& path) {
+                       return stage_npy<T>(path, r.probs.data(), r.probs_shape);
                      }});
-  }
   write_all_or_nothing(files);
 }
 

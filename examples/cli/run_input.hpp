@@ -1,0 +1,123 @@
+// The input of gpt2-attention run: X [T, C] or [B, T, C] from a .npy file, and which rows of a
+// batch are real tokens (--starts, --lengths).
+//
+//   X [T, C]      one sequence; --starts and --lengths are errors
+//   X [B, T, C]   B sequences padded to T tokens, read as the row-major [B * T, C]; sequence b's
+//                 real tokens are its rows starts[b] .. starts[b] + lengths[b] - 1
+//                 (default starts 0; default lengths T - starts[b]: every row real)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "gpt2/batch.hpp"
+#include "gpt2/detail/io_util.hpp"
+#include "gpt2/error.hpp"
+#include "gpt2/npy.hpp"
+#include "gpt2/types.hpp"
+
+namespace gpt2::cli {
+
+// X as read: the data as a matrix, and the shape the file gave it.
+template <class T>
+struct RunInput {
+  RowMatrix<T> x;                    // [T, C], or [B * T, C] (the row-major [B, T, C])
+  std::vector<std::int64_t> shape;   // {T, C} or {B, T, C}
+
+  bool batched() const { return shape.size() == 3; }
+  Index batch() const { return batched() ? static_cast<Index>(shape[0]) : 1; }           // B
+  Index tokens() const { return static_cast<Index>(shape[shape.size() - 2]); }          // T
+};
+
+// npy::read refuses 4 or more dimensions before the shape reaches us; its message
+// "<path>: expected 1 to 3 dimensions, got 4 (shape [...])" becomes run's own, which names the
+// shapes run accepts. Any other read error is passed on, in context.
+[[noreturn]] inline void throw_read_error(const std::string& path, const std::string& message,
+                                          Index n_embd) {
+  const std::string library = path + ": expected 1 to 3 dimensions, got ";
+  if (message.rfind(library, 0) != 0) throw Error(in_context("input", path, message));
+  const std::string rest = message.substr(library.size());  // "4 (shape [1, 2, 3, 64])"
+  const std::size_t space = rest.find(' ');
+  throw ShapeError("input " + path + ": expected shape [T, C] or [B, T, C] with C = " +
+                   std::to_string(n_embd) + ", got " + rest.substr(0, space) + " dimensions" +
+                   (space == std::string::npos ? "" : rest.substr(space)));
+}
+
+// X [T, n_embd] or [B, T, n_embd] from a float32 or float64 .npy file, converted to T.
+template <class T>
+RunInput<T> read_input(const std::string& path, Index n_embd) {
+  npy::Array array;
+  try {
+    array = npy::read(path);
+  } catch (const Error& e) {
+    throw_read_error(path, e.what(), n_embd);
+  }
+  const std::string C = std::to_string(n_embd);
+  const std::vector<std::int64_t> shape = array.shape;
+  if (shape.size() != 2 && shape.size() != 3)
+    throw ShapeError("input " + path + ": expected shape [T, C] or [B, T, C] with C = " + C +
+                     ", got " + detail::shape_string(shape));
+  if (shape.back() != n_embd)
+    throw ShapeError("input " + path + ": expected shape " +
+                     (shape.size() == 2 ? "[T, " + C + "]" : "[B, T, " + C + "]") + ", got " +
+                     detail::shape_string(shape));
+  if (shape.size() == 3) array.shape = {shape[0] * shape[1], shape[2]};  // same bytes, as [B*T, C]
+  return {array.to_matrix<T>(), shape};
+}
+
+// The real rows of a batched input: --starts and --lengths checked against its shape.
+// ShapeError naming the flag, what was expected and what was got, when either was given for a
+// 2-D input, has a count other than B, or a value beyond T (a start) or T - start (a length).
+inline BatchLayout input_layout(const std::vector<std::int64_t>& shape,
+                                const std::optional<std::vector<long long>>& starts,
+                                const std::optional<std::vector<long long>>& lengths) {
+  const std::string of_input = "input " + detail::shape_string(shape);
+  const auto refuse_unless_batched = [&](const char* flag, bool given) {
+    if (given && shape.size() != 3)
+      throw ShapeError(std::string(flag) +
+                       ": expected a 3-D input [B, T, C] (one value per sequence), got " + of_input);
+  };
+  refuse_unless_batched("--starts", starts.has_value());
+  refuse_unless_batched("--lengths", lengths.has_value());
+  if (shape.size() != 3) return BatchLayout::full(1, static_cast<Index>(shape[0]));
+
+  const Index B = static_cast<Index>(shape[0]), T_ = static_cast<Index>(shape[1]);
+  const auto check_count = [&](const char* flag, const std::vector<long long>& values) {
+    if (static_cast<Index>(values.size()) != B)
+      throw ShapeError(std::string(flag) + ": expected " + std::to_string(B) +
+                       " values (one per sequence of " + of_input + "), got " +
+                       std::to_string(values.size()));
+  };
+  std::vector<Index> s(static_cast<std::size_t>(B), 0), l(static_cast<std::size_t>(B), T_);
+  if (starts) {
+    check_count("--starts", *starts);
+    for (std::size_t b = 0; b < s.size(); ++b) {
+      if ((*starts)[b] > T_)
+        throw ShapeError("--starts: expected sequence " + std::to_string(b) + "'s start in [0, " +
+                         std::to_string(T_) + "] (T of " + of_input + "), got " +
+                         std::to_string((*starts)[b]));
+      s[b] = static_cast<Index>((*starts)[b]);
+      l[b] = T_ - s[b];
+    }
+  }
+  if (lengths) {
+    check_count("--lengths", *lengths);
+    for (std::size_t b = 0; b < l.size(); ++b) {
+      const Index max = T_ - s[b];
+      if ((*lengths)[b] > max)
+        throw ShapeError("--lengths: expected sequence " + std::to_string(b) + "'s length in [0, " +
+                         std::to_string(max) + "] (" +
+                         (starts ? "T - start = " + std::to_string(T_) + " - " + std::to_string(s[b]) +
+                                       "; " + of_input
+                                 : "T of " + of_input) +
+                         "), got " + std::to_string((*lengths)[b]));
+      l[b] = static_cast<Index>((*lengths)[b]);
+    }
+  }
+  return BatchLayout(T_, std::move(s), std::move(l));
+}
+
+}  // namespace gpt2::cli
