@@ -475,7 +475,7 @@ std::vector<T> read_npy_any_rank(const std::string& path, const std::vector<std:
   EXPECT_EQ(bytes.size(), header + n * sizeof(T)) << path;
   if (header == 0 || bytes.size() != header + n * sizeof(T)) return {};
   std::vector<T> v(n);
-  std::memcpy(v.data(), bytes.data() + header, n * sizeof(T));
+  if (n > 0) std::memcpy(v.data(), bytes.data() + header, n * sizeof(T));
   return v;
 }
 
