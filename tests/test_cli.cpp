@@ -454,10 +454,11 @@ BatchExpected<T> per_sequence(const Layer& layer, const RowMatrix<T>& x,
   return e;
 }
 
-// The bytes of a .npy file of any rank (npy::read stops at 3 dimensions) as T, after checking
-// that it starts with the header numpy.save writes for T and `shape`.
+// A .npy file of any rank as T, checked twice: its bytes against the header numpy.save writes for
+// T and `shape` (its own spelling of the format, independent of gpt2::npy's writer), then through
+// gpt2::npy::read (dtype, shape), whose values must equal the bytes after the header.
 template <class T>
-std::vector<T> read_npy_any_rank(const std::string& path, const std::vector<std::int64_t>& shape) {
+std::vector<T> read_npy_numpy_save(const std::string& path, const std::vector<std::int64_t>& shape) {
   const std::string bytes = read_text(path);
   std::string dict = std::string("{'descr': '") + (sizeof(T) == 4 ? "<f4" : "<f8") +
                      "', 'fortran_order': False, 'shape': (";
@@ -466,7 +467,7 @@ std::vector<T> read_npy_any_rank(const std::string& path, const std::vector<std:
     dict += (i ? ", " : "") + std::to_string(shape[i]);
     n *= static_cast<std::size_t>(shape[i]);
   }
-  dict += "), }";
+  dict += shape.size() == 1 ? ",), }" : "), }";
   EXPECT_EQ(bytes.substr(0, 8), std::string("\x93NUMPY\x01\x00", 8)) << path;
   const std::size_t header = bytes.size() < 10 ? 0 : 10 + (static_cast<unsigned char>(bytes[8]) |
                                                            static_cast<unsigned char>(bytes[9]) << 8);
@@ -474,26 +475,14 @@ std::vector<T> read_npy_any_rank(const std::string& path, const std::vector<std:
   EXPECT_EQ(bytes.substr(10, dict.size()), dict) << path;
   EXPECT_EQ(bytes.size(), header + n * sizeof(T)) << path;
   if (header == 0 || bytes.size() != header + n * sizeof(T)) return {};
-  std::vector<T> v(n);
-  if (n > 0) std::memcpy(v.data(), bytes.data() + header, n * sizeof(T));
-  return v;
-}
-
-// A float32 .npy file of zeros of a 4-D shape, as numpy.save writes it (npy::write stops at 3).
-std::string npy_bytes_4d(const std::vector<std::int64_t>& shape) {
-  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
-  std::size_t n = 1;
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    dict += (i ? ", " : "") + std::to_string(shape[i]);
-    n *= static_cast<std::size_t>(shape[i]);
+  std::vector<T> raw(n);
+  if (n > 0) std::memcpy(raw.data(), bytes.data() + header, n * sizeof(T));
+  const std::vector<T> v = read_npy<T>(path, shape);
+  EXPECT_EQ(v.size(), raw.size()) << path;
+  if (v.size() == raw.size() && n > 0) {  // bitwise: NaN and -0 included
+    EXPECT_EQ(std::memcmp(v.data(), raw.data(), n * sizeof(T)), 0) << path;
   }
-  dict += "), }";
-  dict.append(64 - (10 + dict.size() + 1) % 64, ' ');
-  dict += '\n';
-  std::string bytes("\x93NUMPY\x01\x00", 8);
-  bytes += static_cast<char>(dict.size() & 0xFF);
-  bytes += static_cast<char>(dict.size() >> 8);
-  return bytes + dict + std::string(n * sizeof(float), '\0');
+  return v;
 }
 
 // Y [B, T, C] as [B * T, C] and P [B, n_head, T, T] as [B * n_head * T, T].
@@ -505,7 +494,7 @@ RowMatrix<T> read_batch_y(const std::string& path) {
 }
 template <class T>
 RowMatrix<T> read_batch_probs(const std::string& path) {
-  const std::vector<T> v = read_npy_any_rank<T>(path, {kB, kHeads, kTb, kTb});
+  const std::vector<T> v = read_npy_numpy_save<T>(path, {kB, kHeads, kTb, kTb});
   if (static_cast<Index>(v.size()) != kB * kHeads * kTb * kTb) return RowMatrix<T>();
   return Eigen::Map<const RowMatrix<T>>(v.data(), kB * kHeads * kTb, kTb);
 }
@@ -661,7 +650,7 @@ TEST_F(CliBatchTest, EmptyBatchesAndSequences) {
     if (!prefill.empty()) args.insert(args.end(), {"--prefill", prefill});
     EXPECT_SUCCESS(cli(args));
     EXPECT_TRUE(read_npy<float>(file("ye.npy"), {2, 0, kC}).empty());
-    EXPECT_TRUE(read_npy_any_rank<float>(file("pe.npy"), {2, kHeads, 0, 0}).empty());
+    EXPECT_TRUE(read_npy_numpy_save<float>(file("pe.npy"), {2, kHeads, 0, 0}).empty());
   }
   EXPECT_SUCCESS(run_batch({"--lengths", "0,0,0", "--prefill", "2"}));
   EXPECT_TRUE((read_batch_y<float>(file("yb.npy")).array() == 0.0f).all());
@@ -811,6 +800,11 @@ std::vector<BadCase> bad_cases() {
       {run({{"--input", "x1.npy"}}), 1, {"input x1.npy: expected shape [T, C] or [B, T, C] with C = 64, got [64]"}},
       {run({{"--input", "x4.npy"}}), 1,
        {"input x4.npy: expected shape [T, C] or [B, T, C] with C = 64, got 4 dimensions (shape [1, 2, 3, 64])"}},
+      {run({{"--input", "x8.npy"}}), 1,
+       {"input x8.npy: expected shape [T, C] or [B, T, C] with C = 64, got 8 dimensions "
+        "(shape [1, 1, 1, 1, 1, 2, 3, 64])"}},
+      {run({{"--input", "x9.npy"}}), 1,  // beyond what npy::read accepts: its own message
+       {"input x9.npy: expected 1 to 8 dimensions, got 9 (shape [1, 1, 1, 1, 1, 1, 1, 1, 1])"}},
       {run({{"--input", "x60.npy"}}), 1, {"input", "x60.npy", "expected shape [T, 64], got [5, 60]"}},
       {run({{"--input", "x3c60.npy"}}), 1, {"input x3c60.npy: expected shape [B, T, 64], got [2, 3, 60]"}},
       {run({{"--prefill", "-1"}}), 2, {"--prefill: expected an integer >= 0, got '-1'"}},
@@ -853,7 +847,15 @@ TEST_F(CliTest, BadInputFailsCleanly) {
   write_safetensors(file("partial.safetensors"), partial);
   gpt2::npy::write<float>(file("x3.npy"), std::vector<float>(2 * 3 * kC).data(), {2, 3, kC});
   gpt2::npy::write<float>(file("x1.npy"), std::vector<float>(kC).data(), {kC});
-  write_text(file("x4.npy"), npy_bytes_4d({1, 2, 3, kC}));  // npy::write stops at 3 dimensions
+  gpt2::npy::write<float>(file("x4.npy"), std::vector<float>(2 * 3 * kC).data(), {1, 2, 3, kC});
+  gpt2::npy::write<float>(file("x8.npy"), std::vector<float>(2 * 3 * kC).data(), {1, 1, 1, 1, 1, 2, 3, kC});
+  {  // 9 dimensions, which npy::write refuses: numpy.save's bytes for np.zeros((1,) * 9, np.float32)
+    std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 1), }";
+    dict.append(63 - (10 + dict.size()) % 64, ' ');
+    dict += '\n';
+    write_text(file("x9.npy"), std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(dict.size()) +
+                                   std::string(1, '\0') + dict + std::string(sizeof(float), '\0'));
+  }
   gpt2::npy::write<float>(file("x60.npy"), RowMatrix<float>::Zero(5, 60));
   gpt2::npy::write<float>(file("x3c60.npy"), std::vector<float>(2 * 3 * 60).data(), {2, 3, 60});
   std::filesystem::create_directory(file("adir"));

@@ -148,6 +148,30 @@ TYPED_TEST(NpyRoundTrip, OneTwoThreeDimensionsAndEmpty) {
   EXPECT_EQ(dir.list(), std::vector<std::string>{"a.npy"});
 }
 
+// A batch's attention probabilities [B, n_head, T, T], and the other ranks up to npy::max_dims.
+TYPED_TEST(NpyRoundTrip, FourAndMoreDimensions) {
+  using T = TypeParam;
+  gpt2::test::TempDir dir;
+  const std::vector<std::vector<std::int64_t>> shapes = {
+      {2, 3, 4, 5}, {1, 2, 1, 3}, {2, 0, 3, 3}, {2, 1, 2, 1, 3}, {1, 2, 1, 2, 1, 2, 1, 2}};
+  for (const std::vector<std::int64_t>& shape : shapes) {
+    SCOPED_TRACE(gpt2::detail::shape_string(shape));
+    std::size_t n = 1;
+    for (std::int64_t d : shape) n *= std::size_t(d);
+    std::vector<T> values(n);
+    for (std::size_t i = 0; i < n; ++i) values[i] = T(0.5) * T(i) - T(7);
+    const std::string path = dir.file("a.npy");
+    npy::write(path, values.data(), shape);
+    const npy::Array a = npy::read(path);
+    EXPECT_EQ(a.dtype, npy::dtype_of<T>());
+    EXPECT_EQ(a.shape, shape);
+    EXPECT_EQ(a.numel(), std::int64_t(n));
+    EXPECT_EQ(a.template to_vector<T>(), values);
+    EXPECT_THROW(a.template to_matrix<T>(), ShapeError);
+  }
+  EXPECT_EQ(dir.list(), std::vector<std::string>{"a.npy"});
+}
+
 TYPED_TEST(NpyRoundTrip, RowMatrix) {
   using T = TypeParam;
   gpt2::test::TempDir dir;
@@ -196,6 +220,10 @@ TEST(NpyNumpyFormat, WriterMatchesNumpySaveByteForByte) {
   npy::write(dir.file("b.npy"), f.data(), {2, 3, 4});
   EXPECT_EQ(gpt2::test::read_file(dir.file("b.npy")),
             numpy_save_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, 4), }",
+                             bytes_of(f)));
+  npy::write(dir.file("p.npy"), f.data(), {1, 2, 3, 4});
+  EXPECT_EQ(gpt2::test::read_file(dir.file("p.npy")),
+            numpy_save_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2, 3, 4), }",
                              bytes_of(f)));
   const std::vector<double> d = {1.5, -2.0, 3.25};
   npy::write(dir.file("c.npy"), d.data(), {3});
@@ -278,6 +306,22 @@ TEST(NpyNumpyInterop, NumpyLoadsOurFilesAndWeLoadNumpys) {
   }
   const gpt2::RowMatrix<double> m = v1.to_matrix<double>();
   EXPECT_EQ(m(2, 3), 11.0 / 8 - 0.5);
+
+  // 4-D, both ways: [B, n_head, T, T].
+  npy::write(dir.file("ours4.npy"), f.data(), {1, 2, 3, 4});
+  EXPECT_EQ(run("/usr/bin/python3 -c \"import numpy as np, sys; d = sys.argv[1]; "
+                "a = np.load(d + '/ours4.npy'); "
+                "assert a.dtype == np.float32 and a.shape == (1, 2, 3, 4), (a.dtype, a.shape); "
+                "assert (a.ravel() == np.arange(24, dtype=np.float32) * 0.25 - 1).all(); "
+                "np.save(d + '/theirs4.npy', np.arange(24, dtype=np.float64).reshape(2, 1, 3, 4) / 4)\" " +
+                dir.path().string()),
+            0);
+  const npy::Array theirs = npy::read(dir.file("theirs4.npy"));
+  EXPECT_EQ(theirs.dtype, npy::Dtype::F64);
+  EXPECT_EQ(theirs.shape, (std::vector<std::int64_t>{2, 1, 3, 4}));
+  const std::vector<double> v = theirs.to_vector<double>();
+  ASSERT_EQ(v.size(), 24u);
+  for (std::size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i], double(i) / 4) << i;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -337,11 +381,42 @@ TEST(NpyMalformed, FortranOrder) {
                        "fortran_order must be True or False, got 'False'"));
 }
 
+// 1 to npy::max_dims (8) dimensions: a 0-D array (a numpy scalar) and 9 or more are refused.
 TEST(NpyMalformed, ShapeRank) {
-  EXPECT_TRUE(Contains(parse_error(npy_file(dict("'<f4'", "()"), bytes_of(iota_f(1)))),
-                       "expected 1 to 3 dimensions, got 0 (shape [])"));
-  EXPECT_TRUE(Contains(parse_error(npy_file(dict("'<f4'", "(1, 2, 3, 1)"), six_floats)),
-                       "expected 1 to 3 dimensions, got 4 (shape [1, 2, 3, 1])"));
+  EXPECT_EQ(npy::max_dims, 8u);
+  EXPECT_EQ(parse_error(npy_file(dict("'<f4'", "()"), bytes_of(iota_f(1)))),
+            "bad.npy: expected 1 to 8 dimensions, got 0 (shape [])");
+  EXPECT_EQ(parse_error(npy_file(dict("'<f4'", "(1, 2, 3, 1, 1, 1, 1, 1, 1)"), six_floats)),
+            "bad.npy: expected 1 to 8 dimensions, got 9 (shape [1, 2, 3, 1, 1, 1, 1, 1, 1])");
+  // Refused by rank before the data size is looked at: no data at all.
+  EXPECT_EQ(parse_error(npy_file(dict("'<f8'", "(2, 2, 2, 2, 2, 2, 2, 2, 2)"))),
+            "bad.npy: expected 1 to 8 dimensions, got 9 (shape [2, 2, 2, 2, 2, 2, 2, 2, 2])");
+  // As many dimensions as the 64 KiB header cap allows.
+  std::string many = "(";
+  for (int i = 0; i < 20000; ++i) many += "1, ";
+  many += ")";
+  EXPECT_TRUE(Contains(parse_error(npy_file(dict("'<f4'", many), six_floats, 2)),
+                       "bad.npy: expected 1 to 8 dimensions, got 20000 (shape [1, 1, "));
+}
+
+TEST(NpyMalformed, EightDimensionsAreAccepted) {
+  const std::vector<unsigned char> file =
+      npy_file(dict("'<f4'", "(1, 2, 1, 1, 3, 1, 1, 1)"), six_floats);
+  const npy::Array a = npy::parse(file.data(), file.size());
+  EXPECT_EQ(a.dtype, npy::Dtype::F32);
+  EXPECT_EQ(a.shape, (std::vector<std::int64_t>{1, 2, 1, 1, 3, 1, 1, 1}));
+  EXPECT_EQ(a.to_vector<float>(), iota_f(6));
+  // The data are still checked against an 8-D shape, both ways.
+  EXPECT_TRUE(Contains(parse_error(npy_file(dict("'<f4'", "(1, 2, 1, 1, 3, 1, 1, 2)"), six_floats)),
+                       "data truncated: expected 48 bytes of data for shape "
+                       "[1, 2, 1, 1, 3, 1, 1, 2] <f4, got 24"));
+  EXPECT_TRUE(Contains(parse_error(npy_file(dict("'<f4'", "(1, 1, 1, 1, 3, 1, 1, 1)"), six_floats)),
+                       "12 unexpected trailing bytes after the data"));
+  EXPECT_TRUE(Contains(parse_error(npy_file(dict("'<f4'", "(1, 1, 1, 1, -3, 1, 1, 1)"), six_floats)),
+                       "negative dimension in shape [1, 1, 1, 1, -3, 1, 1, 1]"));
+  EXPECT_TRUE(Contains(
+      parse_error(npy_file(dict("'<f4'", "(65536, 65536, 65536, 65536, 1, 1, 1, 1)"), six_floats)),
+      "element count overflows"));
 }
 
 TEST(NpyMalformed, ShapeValues) {
@@ -499,12 +574,16 @@ TEST(NpyWrite, BadShapesAreShapeErrors) {
   gpt2::test::TempDir dir;
   const std::vector<float> f = iota_f(16);
   const std::string path = dir.file("a.npy");
-  EXPECT_TRUE(Contains(error_of<ShapeError>([&] { npy::write(path, f.data(), {}); }),
-                       "expected 1 to 3 dimensions, got 0 (shape [])"));
-  EXPECT_TRUE(Contains(error_of<ShapeError>([&] {
-                         npy::write(path, f.data(), {2, 2, 2, 2});
-                       }),
-                       "got 4 (shape [2, 2, 2, 2])"));
+  EXPECT_EQ(error_of<ShapeError>([&] { npy::write(path, f.data(), {}); }),
+            "npy::write(" + path + "): expected 1 to 8 dimensions, got 0 (shape [])");
+  EXPECT_EQ(error_of<ShapeError>([&] {
+              npy::write(path, f.data(), {2, 2, 2, 2, 1, 1, 1, 1, 1});
+            }),
+            "npy::write(" + path +
+                "): expected 1 to 8 dimensions, got 9 (shape [2, 2, 2, 2, 1, 1, 1, 1, 1])");
+  EXPECT_TRUE(dir.list().empty());
+  npy::write(path, f.data(), {2, 2, 2, 2, 1, 1, 1, 1});  // 8 dimensions are fine
+  EXPECT_EQ(npy::read(path).shape, (std::vector<std::int64_t>{2, 2, 2, 2, 1, 1, 1, 1}));
   EXPECT_TRUE(Contains(error_of<ShapeError>([&] { npy::write(path, f.data(), {-1}); }),
                        "negative dimension"));
   EXPECT_TRUE(Contains(error_of<ShapeError>([&] { npy::write<float>(path, nullptr, {2}); }),

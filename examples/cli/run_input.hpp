@@ -32,34 +32,28 @@ struct RunInput {
   Index tokens() const { return static_cast<Index>(shape[shape.size() - 2]); }          // T
 };
 
-// npy::read refuses 4 or more dimensions before the shape reaches us; its message
-// "<path>: expected 1 to 3 dimensions, got 4 (shape [...])" becomes run's own, which names the
-// shapes run accepts. Any other read error is passed on, in context.
-[[noreturn]] inline void throw_read_error(const std::string& path, const std::string& message,
-                                          Index n_embd) {
-  const std::string library = path + ": expected 1 to 3 dimensions, got ";
-  if (message.rfind(library, 0) != 0) throw Error(in_context("input", path, message));
-  const std::string rest = message.substr(library.size());  // "4 (shape [1, 2, 3, 64])"
-  const std::size_t space = rest.find(' ');
-  throw ShapeError("input " + path + ": expected shape [T, C] or [B, T, C] with C = " +
-                   std::to_string(n_embd) + ", got " + rest.substr(0, space) + " dimensions" +
-                   (space == std::string::npos ? "" : rest.substr(space)));
-}
-
-// X [T, n_embd] or [B, T, n_embd] from a float32 or float64 .npy file, converted to T.
+// X [T, n_embd] or [B, T, n_embd] from a float32 or float64 .npy file, converted to T. Read errors
+// are passed on in context ("input <path>: <problem>"); an array of another rank is a ShapeError
+// naming the shapes run accepts and the one it got: "got [64]" for 1-D, "got 4 dimensions (shape
+// [1, 2, 3, 64])" for 4-D or more (npy::read accepts up to npy::max_dims; beyond, its own error).
 template <class T>
 RunInput<T> read_input(const std::string& path, Index n_embd) {
   npy::Array array;
   try {
     array = npy::read(path);
   } catch (const Error& e) {
-    throw_read_error(path, e.what(), n_embd);
+    throw Error(in_context("input", path, e.what()));
   }
   const std::string C = std::to_string(n_embd);
   const std::vector<std::int64_t> shape = array.shape;
-  if (shape.size() != 2 && shape.size() != 3)
+  if (shape.size() != 2 && shape.size() != 3) {
+    const std::string got = detail::shape_string(shape);
     throw ShapeError("input " + path + ": expected shape [T, C] or [B, T, C] with C = " + C +
-                     ", got " + detail::shape_string(shape));
+                     ", got " +
+                     (shape.size() > 3
+                          ? std::to_string(shape.size()) + " dimensions (shape " + got + ")"
+                          : got));
+  }
   if (shape.back() != n_embd)
     throw ShapeError("input " + path + ": expected shape " +
                      (shape.size() == 2 ? "[T, " + C + "]" : "[B, T, " + C + "]") + ", got " +

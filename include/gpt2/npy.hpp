@@ -1,5 +1,8 @@
 // gpt2::npy: read and write NumPy .npy files holding activations: float32 or float64,
-// little-endian, C order, 1 to 3 dimensions (e.g. x[T, C] or a per-head att[n_head, T, T]).
+// little-endian, C order, 1 to 8 dimensions (npy::max_dims; e.g. x[T, C], a per-head
+// att[n_head, T, T] or a batch's probabilities [B, n_head, T, T]). numpy allows more (32, and 64
+// since numpy 2.0); the bound keeps what a hostile header can ask for small, and the writer keeps
+// to it as well, so every file written here can be read here.
 //
 // File layout (numpy.lib.format):
 //   "\x93NUMPY" major minor   6 + 2 bytes; versions 1.0 (2-byte header length), 2.0 and 3.0
@@ -122,9 +125,9 @@ class StagedFile {
  public:
   // Stages the numel(shape) values at `data` (C order; caller-owned, only read, not kept) as a
   // version 1.0 .npy file of dtype '<f4' (float) or '<f8' (double), the bytes numpy.save writes.
-  // Throws ShapeError for a shape that is not 1..3 non-negative dimensions (or null data for a
-  // non-empty one), FormatError naming `path` for a target that is not a regular file and for I/O
-  // errors (strerror); nothing is left behind then.
+  // Throws ShapeError for a shape that is not 1 to max_dims (8) non-negative dimensions or whose
+  // byte size overflows (or null data for a non-empty one), FormatError naming `path` for a target
+  // that is not a regular file and for I/O errors (strerror); nothing is left behind then.
   template <class T>
   static StagedFile stage(const std::string& path, const T* data,
                           const std::vector<std::int64_t>& shape) {

@@ -16,6 +16,12 @@
 
 namespace gpt2::npy {
 
+// The most dimensions an array may have: 8. numpy itself allows 32 (64 since numpy 2.0); the reader
+// stops at 8 so that a hostile header costs little (the rank is checked, with the header's other
+// fields, before any data are read or allocated), and the writer refuses more too, so that
+// everything written here can be read here.
+inline constexpr std::size_t max_dims = 8;
+
 // The two element types supported: '<f4' and '<f8'.
 enum class Dtype { F32, F64 };
 
@@ -35,7 +41,7 @@ constexpr Dtype dtype_of() {
 // owned by the Array.
 struct Array {
   Dtype dtype = Dtype::F32;
-  std::vector<std::int64_t> shape;  // 1 to 3 non-negative dimensions
+  std::vector<std::int64_t> shape;  // 1 to max_dims (8) non-negative dimensions
   std::vector<unsigned char> bytes;
 
   // Product of the shape.

@@ -30,14 +30,15 @@ struct Header {
   std::size_t data_bytes = 0;   // numel * itemsize
 };
 
-// Computes numel * itemsize for `shape` into `bytes`. Returns "" when the shape has 1 to 3
-// non-negative dimensions and the size fits in int64 and size_t, else the problem.
+// Computes numel * itemsize for `shape` into `bytes`. Returns "" when the shape has 1 to max_dims
+// (8) non-negative dimensions and the size fits in int64 and size_t, else the problem, e.g.
+// "expected 1 to 8 dimensions, got 9 (shape [...])".
 inline std::string data_bytes(const std::vector<std::int64_t>& shape, Dtype dtype,
                               std::size_t& bytes) {
   const std::string shape_str = gpt2::detail::shape_string(shape);
-  if (shape.empty() || shape.size() > 3)
-    return "expected 1 to 3 dimensions, got " + std::to_string(shape.size()) + " (shape " +
-           shape_str + ")";
+  if (shape.empty() || shape.size() > max_dims)
+    return "expected 1 to " + std::to_string(max_dims) + " dimensions, got " +
+           std::to_string(shape.size()) + " (shape " + shape_str + ")";
   for (std::int64_t d : shape)
     if (d < 0) return "negative dimension in shape " + shape_str;
   return gpt2::detail::checked_byte_size(shape, dtype_size(dtype), dtype_descr(dtype), bytes);
@@ -123,6 +124,8 @@ inline Header parse_header(const unsigned char* prefix, std::size_t prefix_n,
 }
 
 // The version 1.0 header numpy.save writes: dict, spaces, '\n', total preamble a multiple of 64.
+// `shape` has been checked by data_bytes: at most max_dims dimensions of at most 19 digits keep
+// the dict far below the 65535 bytes a version 1.0 length field holds.
 inline std::string encode_header(Dtype dtype, const std::vector<std::int64_t>& shape) {
   std::string dict =
       std::string("{'descr': '") + dtype_descr(dtype) + "', 'fortran_order': False, 'shape': (";
