@@ -64,6 +64,8 @@ TEST(BatchLayout, RejectsRowsOutsideTheSequence) {
   EXPECT_TRUE(Contains(message([] { BatchLayout(4, {-1}, {2}); }), "got start -1, length 2"));
   EXPECT_TRUE(Contains(message([] { BatchLayout(4, {3}, {2}); }), "got start 3, length 2"));
   EXPECT_TRUE(Contains(message([] { BatchLayout::right_padded(4, {-2}); }), "length -2"));
+  EXPECT_EQ(message([] { BatchLayout::left_padded(3, {2, 5}); }),
+            "batch sequence 1: expected a length in [0, 3] (the padded length), got 5");
   EXPECT_TRUE(Contains(message([] { BatchLayout(4, {0, 0}, {1}); }),
                        "expected one start per length (1), got 2"));
   EXPECT_TRUE(Contains(message([] { BatchLayout::full(-1, 4); }), "batch size, got -1"));
@@ -158,6 +160,49 @@ TYPED_TEST(BatchTest, OutMayBeTheInputAndEmptySequencesGiveZeros) {
   const BatchLayout empty = BatchLayout::full(0, 4);
   RowMatrix<T> none(0, kC);
   gpt2::attention_forward<T>(this->w, none, empty, ws, none);
+}
+
+// out may be x itself, but not a shifted view of the same storage: sequence b's output would
+// overwrite a later sequence's input.
+TYPED_TEST(BatchTest, OutPartlyOverlappingXIsAnError) {
+  using T = TypeParam;
+  const BatchLayout layout = BatchLayout::full(2, 3);
+  RowMatrix<T> buffer = random_input<T>(9, kC, 12);
+  const RowMatrix<T> before = buffer;
+  gpt2::Workspace<T> ws(this->m.config);
+  std::vector<KVCache<T>> caches;
+  caches.emplace_back(this->m.config, 8);
+  caches.emplace_back(this->m.config, 8);
+  const std::string expected = "out: must be either the same storage as x or not overlap it";
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] {
+              gpt2::attention_forward<T>(this->w, buffer.topRows(6), layout, ws, buffer.bottomRows(6));
+            }),
+            expected);
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] {
+              gpt2::attention_forward<T>(this->w, buffer.topRows(6), layout, caches, ws, buffer.bottomRows(6));
+            }),
+            expected);
+  EXPECT_TRUE(buffer == before);
+  EXPECT_EQ(caches[0].n_past(), 0);
+}
+
+// An out that overlaps the workspace is found before any cache changes, whichever sequence it hits.
+TYPED_TEST(BatchTest, EveryCheckRunsBeforeAnyCacheChanges) {
+  using T = TypeParam;
+  const BatchLayout layout = BatchLayout::right_padded(2, {1, 2});
+  std::vector<KVCache<T>> caches;
+  caches.emplace_back(this->m.config, 8);
+  caches.emplace_back(this->m.config, 8);
+  gpt2::Workspace<T> ws(this->m.config, 3, 8);  // qkv [3, 3C]
+  const RowMatrix<T> x = random_input<T>(4, kC, 13);
+  // out [4, C] inside ws.qkv from scalar 3C on: sequence 0's row (out row 0, scalars 3C .. 4C)
+  // misses the qkv rows its one token uses (0 .. 3C); sequence 1's rows (5C .. 7C) hit the two
+  // rows its two tokens use (0 .. 6C).
+  Eigen::Map<RowMatrix<T>> out(ws.qkv.data() + 3 * kC, 4, kC);
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { gpt2::attention_forward<T>(this->w, x, layout, caches, ws, out); }),
+            "batch sequence 1: out: must not overlap the workspace");
+  EXPECT_EQ(caches[0].n_past(), 0);
+  EXPECT_EQ(caches[1].n_past(), 0);
 }
 
 TYPED_TEST(BatchTest, ShapeErrorsNameTheTensor) {

@@ -71,6 +71,41 @@ TYPED_TEST(ForwardTest, RepeatedCallsReuseTheWorkspaceAndGiveTheSameResult) {
   EXPECT_TRUE(near(c.topRows(1), a.topRows(1), Tolerance<T>::rel, Tolerance<T>::abs));
 }
 
+TYPED_TEST(ForwardTest, MovedFromWorkspaceIsEmptyAndGrowsAgain) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(64, 4, 3);
+  const RowMatrix<T> x = random_input<T>(12, 64, 4);
+  gpt2::Workspace<T> ws(m.config, 12, 30);
+  RowMatrix<T> a(12, 64), b(12, 64), c(12, 64);
+  gpt2::attention_forward<T>(m.weights(), x, ws, a);
+  gpt2::Workspace<T> moved = std::move(ws);
+  EXPECT_EQ(moved.capacity(), 12);
+  EXPECT_EQ(moved.key_capacity(), 30);
+  EXPECT_EQ(ws.capacity(), 0);      // NOLINT(bugprone-use-after-move): documented state
+  EXPECT_EQ(ws.key_capacity(), 0);  // NOLINT(bugprone-use-after-move)
+  gpt2::attention_forward<T>(m.weights(), x, ws, b);  // grows again
+  gpt2::attention_forward<T>(m.weights(), x, moved, c);
+  EXPECT_TRUE(a == b);
+  EXPECT_TRUE(a == c);
+  ws = std::move(moved);
+  EXPECT_EQ(ws.key_capacity(), 30);
+  EXPECT_EQ(moved.capacity(), 0);  // NOLINT(bugprone-use-after-move)
+}
+
+TYPED_TEST(ForwardTest, WorkspaceKeyCapacityIsChecked) {
+  using T = TypeParam;
+  const gpt2::AttentionConfig config{64, 4};
+  EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>([&] { gpt2::Workspace<T>(config, 4, -5); }),
+            "max_keys: expected a non-negative count (or -1: max_tokens), got -5");
+  EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>([&] { gpt2::Workspace<T>(config, 4, 3); }),
+            "max_keys: expected at least max_tokens (4), got 3");
+  gpt2::Workspace<T> ws(config, 4);
+  EXPECT_EQ(ws.key_capacity(), 4);
+  ws.reserve(2, 10);  // more keys, fewer tokens: tokens stay
+  EXPECT_EQ(ws.capacity(), 4);
+  EXPECT_EQ(ws.key_capacity(), 10);
+}
+
 TYPED_TEST(ForwardTest, FailedGrowthLeavesTheWorkspaceUsable) {
   using T = TypeParam;
   const Model<T> m = random_model<T>(64, 4, 12);

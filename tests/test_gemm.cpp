@@ -57,6 +57,36 @@ TYPED_TEST(GemmTest, BothOpsOnStridedViewsAccumulate) {
                                gpt2::test::Tolerance<T>::abs));
 }
 
+// One row (a decode step) takes Eigen's GEMV instead of the GEMM driver: same contract.
+TYPED_TEST(GemmTest, OneRowProductsOnStridedViewsAccumulate) {
+  using T = TypeParam;
+  std::srand(4);
+  const RowMatrix<T> a_store = RowMatrix<T>::Random(5, 90), b_store = RowMatrix<T>::Random(80, 100);
+  RowMatrix<T> c_store = RowMatrix<T>::Random(6, 120);
+  const RowMatrix<T> c_before = c_store;
+  gpt2::GemmScratch<T> scratch;
+
+  // C[1, 53] (a row inside a wider matrix) += -0.75 * A[1, 37] * B[37, 53]
+  gpt2::gemm_accumulate<T>(T(-0.75), a_store.block(2, 3, 1, 37), b_store.block(3, 4, 37, 53),
+                           gpt2::Op::None, c_store.block(4, 5, 1, 53), scratch);
+  RowMatrix<double> expected = c_before.block(4, 5, 1, 53).template cast<double>() -
+                               0.75 * product(a_store.block(2, 3, 1, 37), b_store.block(3, 4, 37, 53), false);
+  EXPECT_TRUE(gpt2::test::near(c_store.block(4, 5, 1, 53), expected, gpt2::test::Tolerance<T>::rel,
+                               gpt2::test::Tolerance<T>::abs));
+  // C[1, 61] += 2 * A[1, 37] * B[61, 37]^T
+  gpt2::gemm_accumulate<T>(T(2), a_store.block(0, 1, 1, 37), b_store.block(5, 10, 61, 37),
+                           gpt2::Op::Transpose, c_store.block(1, 0, 1, 61), scratch);
+  expected = c_before.block(1, 0, 1, 61).template cast<double>() +
+             2 * product(a_store.block(0, 1, 1, 37), b_store.block(5, 10, 61, 37), true);
+  EXPECT_TRUE(gpt2::test::near(c_store.block(1, 0, 1, 61), expected, gpt2::test::Tolerance<T>::rel,
+                               gpt2::test::Tolerance<T>::abs));
+  // everything else untouched
+  EXPECT_TRUE(c_store.row(0) == c_before.row(0));
+  EXPECT_TRUE(c_store.row(4).head(5) == c_before.row(4).head(5));
+  EXPECT_TRUE(c_store.row(4).tail(62) == c_before.row(4).tail(62));
+  EXPECT_FALSE(scratch.fits(1, 1, 1)) << "the one-row path needs no packing buffers";
+}
+
 TYPED_TEST(GemmTest, ScratchGrowsOnlyWhenNeeded) {
   using T = TypeParam;
   gpt2::GemmScratch<T> scratch(64, 64, 64);

@@ -189,14 +189,54 @@ TYPED_TEST(KVCacheTest, TruncateResetCopyAndMove) {
     EXPECT_TRUE(fork.values(h) == cache.values(h));
   }
 
-  // moving leaves the source empty
+  // moving leaves the source empty, and usable as an empty cache
   KVCache<T> moved = std::move(fork);
   EXPECT_EQ(moved.n_past(), 9);
-  EXPECT_EQ(fork.capacity(), 0);  // NOLINT(bugprone-use-after-move): documented state
-  EXPECT_EQ(fork.n_past(), 0);    // NOLINT(bugprone-use-after-move)
+  for (KVCache<T>* empty : {&fork}) {  // NOLINT(bugprone-use-after-move): documented state
+    EXPECT_EQ(empty->capacity(), 0);
+    EXPECT_EQ(empty->n_past(), 0);
+    EXPECT_EQ(empty->keys(1).rows(), 0);
+    EXPECT_EQ(empty->keys(1).cols(), 8);
+    EXPECT_EQ(empty->copy().capacity(), 0);
+    const RowMatrix<T> none(0, 16);
+    empty->append(none, none);
+    EXPECT_THROW(empty->append(x.topRows(1), x.topRows(1)), gpt2::CapacityError);
+    small.copy_from(*empty);
+    EXPECT_EQ(small.n_past(), 0);
+  }
   fork = std::move(moved);
   EXPECT_EQ(fork.n_past(), 9);
   EXPECT_EQ(moved.capacity(), 0);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(moved.values(0).cols(), 8);
+}
+
+TYPED_TEST(KVCacheTest, ACapacityBeyondTheIndexTypeIsAnError) {
+  using T = TypeParam;
+  EXPECT_TRUE(Contains(error_of<gpt2::CapacityError>([] { KVCache<T>({16, 4}, Index(1) << 62); }),
+                       "positions of n_embd 16 overflow the index type"));
+}
+
+// The result does not depend on how much room the cache and the workspace have: the score tile's
+// rows are aligned alike whatever its width, and the att v product's depth blocking is fixed.
+TYPED_TEST(KVCacheTest, ResultsDoNotDependOnCapacity) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(64, 4, 12);
+  const gpt2::AttentionWeights<T> w = m.weights();
+  for (const Index T_ : {4, 7, 300}) {
+    const RowMatrix<T> x = random_input<T>(T_, 64, 13);
+    gpt2::Workspace<T> tight(m.config, T_);
+    RowMatrix<T> plain(T_, 64);
+    gpt2::attention_forward<T>(w, x, tight, plain);
+    for (const Index capacity : {T_ + 1, T_ + 3, Index(301), Index(2001)}) {
+      gpt2::Workspace<T> roomy(m.config, T_, capacity), ws(m.config);
+      RowMatrix<T> out(T_, 64), cached(T_, 64);
+      gpt2::attention_forward<T>(w, x, roomy, out);
+      EXPECT_TRUE(out == plain) << "T=" << T_ << ", key capacity " << capacity;
+      KVCache<T> cache(m.config, capacity);
+      gpt2::attention_forward<T>(w, x, cache, ws, cached);
+      EXPECT_TRUE(cached == plain) << "T=" << T_ << ", cache capacity " << capacity;
+    }
+  }
 }
 
 // One chunk through an empty cache is the plain forward, bit for bit: the keys and values are

@@ -56,7 +56,13 @@ class BatchLayout {
   // Sequence b's tokens are its last lengths[b] rows; padding before them.
   static BatchLayout left_padded(Index tokens, const std::vector<Index>& lengths) {
     std::vector<Index> starts(lengths.size());
-    for (std::size_t b = 0; b < lengths.size(); ++b) starts[b] = tokens - lengths[b];
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+      if (lengths[b] < 0 || lengths[b] > tokens)
+        throw ShapeError("batch sequence " + std::to_string(b) + ": expected a length in [0, " +
+                         std::to_string(tokens) + "] (the padded length), got " +
+                         std::to_string(lengths[b]));
+      starts[b] = tokens - lengths[b];
+    }
     return BatchLayout(tokens, std::move(starts), lengths);
   }
 
@@ -97,10 +103,17 @@ class BatchLayout {
 
 namespace detail {
 
-inline void check_batch_shapes(const BatchLayout& batch, Index C, Index x_rows, Index x_cols,
-                               Index out_rows, Index out_cols) {
-  check_shape("x", {batch.rows(), C}, {x_rows, x_cols});
-  check_shape("out", {batch.rows(), C}, {out_rows, out_cols});
+// Shapes, and the one way out may share storage with x: being exactly x (each sequence's rows
+// are read before they are written). A partial overlap would let sequence b's output overwrite a
+// later sequence's input.
+template <class T>
+void check_batch_io(const BatchLayout& batch, Index C, const ConstMatrixRef<T>& x,
+                    const MatrixRef<T>& out) {
+  check_shape("x", {batch.rows(), C}, {x.rows(), x.cols()});
+  check_shape("out", {batch.rows(), C}, {out.rows(), out.cols()});
+  const bool same = out.data() == x.data() && out.outerStride() == x.outerStride();
+  if (!same && overlaps(out, x))
+    throw ShapeError("out: must be either the same storage as x or not overlap it");
 }
 
 // out's padded rows of sequence b = 0.
@@ -125,17 +138,15 @@ void zero_padding(const BatchLayout& batch, Index b, MatrixRef<T>& out) {
   }
 }
 
-// The batched cached forward; caches(b) is sequence b's KVCache<T>&.
+// The batched cached forward; caches(b) is sequence b's KVCache<T>& (B of them).
+// Every check, for every sequence, runs before any cache changes.
 template <class T, class CacheAt>
 void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                          const BatchLayout& batch, Index n_caches, const CacheAt& caches,
-                          Workspace<T>& ws, MatrixRef<T>& out) {
+                          const BatchLayout& batch, const CacheAt& caches, Workspace<T>& ws,
+                          MatrixRef<T>& out) {
   const Index B = batch.batch();
-  check_batch_shapes(batch, w.n_embd(), x.rows(), x.cols(), out.rows(), out.cols());
-  if (n_caches != B)
-    throw ShapeError("caches: expected one KV cache per sequence (" + std::to_string(B) +
-                     "), got " + std::to_string(n_caches));
-  // Check everything before touching any cache: an error leaves every cache unchanged.
+  check_batch_io<T>(batch, w.n_embd(), x, out);
+  check_workspace(w, ws);
   Index max_keys = 0;
   for (Index b = 0; b < B; ++b) {
     KVCache<T>& cache = caches(b);
@@ -153,6 +164,14 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
     max_keys = std::max(max_keys, cache.capacity());
   }
   ws.reserve(batch.max_length(), max_keys);
+  for (Index b = 0; b < B; ++b) {
+    MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
+    try {
+      check_workspace_overlap<T>(ws, batch.length(b), out_b, nullptr);
+    } catch (...) {
+      rethrow_for_sequence(b);
+    }
+  }
 
   Index done = 0;  // caches 0 .. done - 1 have been appended to
   try {
@@ -162,7 +181,7 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
       run_cached_forward<T>(w, x_b, caches(done), ws, out_b, nullptr);
       zero_padding<T>(batch, done, out);
     }
-  } catch (...) {
+  } catch (...) {  // not expected after the checks; run_cached_forward rolled back its own cache
     for (Index b = 0; b < done; ++b) caches(b).truncate(caches(b).n_past() - batch.length(b));
     throw;
   }
@@ -180,9 +199,17 @@ template <class T, class D>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x_in,
                        const BatchLayout& batch, Workspace<T>& ws, MatrixRef<T> out) {
   const ConstMatrixRef<T> x = detail::as_view<T>(x_in);
-  detail::check_batch_shapes(batch, w.n_embd(), x.rows(), x.cols(), out.rows(), out.cols());
+  detail::check_batch_io<T>(batch, w.n_embd(), x, out);
   detail::check_workspace(w, ws);
   ws.reserve(batch.max_length());
+  for (Index b = 0; b < batch.batch(); ++b) {
+    MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
+    try {
+      detail::check_workspace_overlap<T>(ws, batch.length(b), out_b, nullptr);
+    } catch (...) {
+      detail::rethrow_for_sequence(b);
+    }
+  }
   for (Index b = 0; b < batch.batch(); ++b) {
     MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
     detail::attention_forward<T>(w, x.middleRows(batch.first_row(b), batch.length(b)), ws, out_b,
@@ -196,26 +223,41 @@ void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
 //   x [B * T, C], out [B * T, C] as above; caches: B distinct caches, one per sequence
 // A sequence of length 0 (finished, or waiting) leaves its cache alone. If any sequence's tokens
 // do not fit its cache (CapacityError) or anything else is wrong, no cache changes.
-// Batched decode: T = 1, every length 1 (or 0).
+// Batched decode: T = 1, every length 1 (or 0). Allocates nothing once ws has room.
 template <class T, class D>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
                        const BatchLayout& batch, std::vector<KVCache<T>>& caches,
                        Workspace<T>& ws, MatrixRef<T> out) {
+  if (static_cast<Index>(caches.size()) != batch.batch())
+    throw ShapeError("caches: expected one KV cache per sequence (" +
+                     std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
   detail::batch_forward_cached<T>(
-      w, detail::as_view<T>(x), batch, static_cast<Index>(caches.size()),
+      w, detail::as_view<T>(x), batch,
       [&](Index b) -> KVCache<T>& { return caches[static_cast<std::size_t>(b)]; }, ws, out);
 }
 
-// Same, with the caches held elsewhere: caches[b] points at sequence b's cache.
+// Same, with the caches held elsewhere: caches[b] points at sequence b's cache, for the
+// batch.batch() entries of a plain array (e.g. one layer's column of a [B][n_layer] table).
+template <class T, class D>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       const BatchLayout& batch, KVCache<T>* const* caches, Workspace<T>& ws,
+                       MatrixRef<T> out) {
+  for (Index b = 0; b < batch.batch(); ++b)
+    if (caches[b] == nullptr) throw ShapeError("caches: entry " + std::to_string(b) + " is null");
+  detail::batch_forward_cached<T>(
+      w, detail::as_view<T>(x), batch, [&](Index b) -> KVCache<T>& { return *caches[b]; }, ws,
+      out);
+}
+
+// Same, with a vector of B pointers.
 template <class T, class D>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
                        const BatchLayout& batch, const std::vector<KVCache<T>*>& caches,
                        Workspace<T>& ws, MatrixRef<T> out) {
-  for (std::size_t b = 0; b < caches.size(); ++b)
-    if (caches[b] == nullptr) throw ShapeError("caches: entry " + std::to_string(b) + " is null");
-  detail::batch_forward_cached<T>(
-      w, detail::as_view<T>(x), batch, static_cast<Index>(caches.size()),
-      [&](Index b) -> KVCache<T>& { return *caches[static_cast<std::size_t>(b)]; }, ws, out);
+  if (static_cast<Index>(caches.size()) != batch.batch())
+    throw ShapeError("caches: expected one KV cache per sequence (" +
+                     std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
+  attention_forward<T>(w, x, batch, caches.data(), ws, out);
 }
 
 }  // namespace gpt2

@@ -22,6 +22,13 @@ namespace gpt2 {
 
 inline constexpr Index kAttentionRowBlock = 64;
 
+// The score tile's rows start on 64-byte boundaries (its column count is rounded up to a multiple
+// of kScoreRowAlign scalars), so every row has the alignment of the first: the vectorized exp and
+// sum of the softmax then split a row at the same places whatever the tile's width, and a result
+// does not depend on how much room the scratch happens to have.
+template <class T>
+constexpr Index kScoreRowAlign = 64 / static_cast<Index>(sizeof(T));
+
 // Scratch of one causal_attention_head call: a [kAttentionRowBlock, n_keys] score tile and the
 // packing buffers of its two products. Grows on demand; reserve() up front for allocation-free
 // calls. Not thread-safe: one per thread.
@@ -35,14 +42,21 @@ class AttentionScratch {
   // usable (it grows again on demand).
   void reserve(Index max_keys, Index head_dim) {
     if (scores.cols() < max_keys) {
-      RowMatrix<T> grown(kAttentionRowBlock, max_keys);  // allocate first: scores stays valid
+      const Index cols = (max_keys + kScoreRowAlign<T> - 1) / kScoreRowAlign<T> * kScoreRowAlign<T>;
+      RowMatrix<T> grown(kAttentionRowBlock, cols);  // allocate first: scores stays valid
       scores.swap(grown);
     }
     scores_gemm.reserve(kAttentionRowBlock, max_keys, head_dim);
-    values_gemm.reserve(kAttentionRowBlock, head_dim, max_keys);
+    // att v sums over the keys in panels of Eigen's depth block kc, which Eigen derives from the
+    // largest depth the blocking is built for. Built for kDeterministicDepth, kc is the cache-sized
+    // maximum whatever max_keys is: the sum's order, and so the result, does not depend on the
+    // scratch's capacity. (The packing buffers depend on kc, not on this depth.)
+    values_gemm.reserve(kAttentionRowBlock, head_dim, kDeterministicDepth);
   }
 
-  RowMatrix<T> scores;  // [kAttentionRowBlock, max_keys]
+  static constexpr Index kDeterministicDepth = Index(1) << 24;
+
+  RowMatrix<T> scores;  // [kAttentionRowBlock, max_keys rounded up to kScoreRowAlign<T>]
   GemmScratch<T> scores_gemm;
   GemmScratch<T> values_gemm;
 };

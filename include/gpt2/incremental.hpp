@@ -33,7 +33,8 @@ void check_cache(const AttentionWeights<T>& w, const KVCache<T>& cache) {
                       std::to_string(b.n_embd) + ", n_head " + std::to_string(b.n_head));
 }
 
-// Everything that can be checked before the cache is touched: shapes, configs, room, overlaps.
+// Everything about the call that can be checked before the workspace grows: shapes, configs,
+// room in the cache, and that out and probs do not overlap the cache.
 //   x [T_new, C], out [T_new, C], probs (or null) [n_head * T_new, n_past + T_new]
 template <class T>
 void check_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
@@ -54,22 +55,30 @@ void check_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
     throw ShapeError("probs: must not overlap the KV cache");
 }
 
-// The cached forward, after check_cached_forward and ws.reserve(T_new, cache.capacity()).
-// Appends T_new positions to the cache; if anything throws, the cache is rolled back.
+// The rest, once the workspace has room for T_new tokens: out and probs must not overlap the
+// workspace's buffers (the steps would read what another step has overwritten), nor each other.
 template <class T>
-void run_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                        KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T>& out,
-                        MatrixRef<T>* probs) {
-  const AttentionConfig& config = w.config();
-  const Index T_new = x.rows(), C = config.n_embd, n_past = cache.n_past();
+void check_workspace_overlap(const Workspace<T>& ws, Index T_new, const MatrixRef<T>& out,
+                             const MatrixRef<T>* probs) {
   if (T_new == 0) return;
-  MatrixRef<T> qkv = ws.qkv.topRows(T_new);
-  MatrixRef<T> merged = ws.merged.topRows(T_new);
+  const ConstMatrixRef<T> qkv = ws.qkv.topRows(T_new), merged = ws.merged.topRows(T_new);
   if (overlaps(out, qkv) || overlaps(out, merged))
     throw ShapeError("out: must not overlap the workspace");
   if (probs && (overlaps(*probs, out) || overlaps(*probs, qkv) || overlaps(*probs, merged)))
     throw ShapeError("probs: must not overlap out or the workspace");
+}
 
+// The cached forward, after both checks with a workspace grown to T_new tokens and
+// cache.capacity() keys. Appends T_new positions to the cache. Every check has passed by then, so
+// nothing is expected to throw; if anything does, the cache is rolled back to n_past positions.
+template <class T>
+void run_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                        KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T>& out,
+                        MatrixRef<T>* probs) {
+  const Index T_new = x.rows(), C = w.n_embd(), n_past = cache.n_past();
+  if (T_new == 0) return;
+  MatrixRef<T> qkv = ws.qkv.topRows(T_new);
+  MatrixRef<T> merged = ws.merged.topRows(T_new);
   qkv_projection<T>(w, x, qkv, ws.qkv_gemm);  // x is fully read here: out may alias x
   cache.append(qkv.middleCols(C, C), qkv.middleCols(2 * C, C));
   try {
@@ -90,6 +99,7 @@ void attention_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef
                               MatrixRef<T>* probs) {
   check_cached_forward<T>(w, x, cache, ws, out, probs);
   ws.reserve(x.rows(), cache.capacity());  // the first call sizes it for the whole cache
+  check_workspace_overlap<T>(ws, x.rows(), out, probs);
   run_cached_forward<T>(w, x, cache, ws, out, probs);
 }
 

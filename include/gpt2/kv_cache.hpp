@@ -9,6 +9,7 @@
 // [capacity, C] would make every head's read a strided walk over all heads' data.)
 #pragma once
 
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -30,6 +31,9 @@ class KVCache {
     if (max_tokens < 0)
       throw ShapeError("max_tokens: expected a non-negative count, got " +
                        std::to_string(max_tokens));
+    if (max_tokens > std::numeric_limits<Index>::max() / config_.n_embd)
+      throw CapacityError("KV cache: " + std::to_string(max_tokens) + " positions of n_embd " +
+                          std::to_string(config_.n_embd) + " overflow the index type");
     capacity_ = max_tokens;
     keys_.resize(config_.n_head * capacity_, config_.head_dim());
     values_.resize(config_.n_head * capacity_, config_.head_dim());
@@ -43,7 +47,10 @@ class KVCache {
         capacity_(std::exchange(other.capacity_, 0)),
         n_past_(std::exchange(other.n_past_, 0)),
         keys_(std::move(other.keys_)),
-        values_(std::move(other.values_)) {}
+        values_(std::move(other.values_)) {
+    other.keys_.resize(0, config_.head_dim());  // Eigen leaves it 0 x 0; keys(h) needs the width
+    other.values_.resize(0, config_.head_dim());
+  }
   KVCache& operator=(KVCache&& other) noexcept {
     if (&other != this) {
       config_ = other.config_;
@@ -131,7 +138,8 @@ class KVCache {
   }
 
   // The whole storage of keys / values [n_head * capacity, head_dim] (row h*capacity + p holds
-  // head h's position p). For overlap checks and for filling the cache by hand.
+  // head h's position p), read-only: for overlap checks and inspection. Rows from n_past on are
+  // free space (they may hold what a rolled-back forward wrote). Fill the cache with append().
   ConstMatrixRef<T> key_storage() const { return keys_; }
   ConstMatrixRef<T> value_storage() const { return values_; }
 

@@ -26,7 +26,35 @@ class Workspace {
   explicit Workspace(const AttentionConfig& config, Index max_tokens = 0, Index max_keys = -1)
       : config_(config) {
     config_.validate();
-    reserve(max_tokens, max_keys < 0 ? max_tokens : max_keys);
+    reserve(max_tokens, max_keys);
+  }
+
+  // Moving leaves the source empty (capacity 0) and still usable: it grows again on demand.
+  Workspace(Workspace&& other) noexcept
+      : qkv(std::move(other.qkv)),
+        merged(std::move(other.merged)),
+        attention(std::move(other.attention)),
+        qkv_gemm(std::move(other.qkv_gemm)),
+        proj_gemm(std::move(other.proj_gemm)),
+        config_(other.config_),
+        capacity_(std::exchange(other.capacity_, 0)),
+        key_capacity_(std::exchange(other.key_capacity_, 0)) {}
+  Workspace& operator=(Workspace&& other) noexcept {
+    if (&other != this) {
+      Workspace moved(std::move(other));
+      swap(moved);
+    }
+    return *this;
+  }
+  void swap(Workspace& other) noexcept {
+    qkv.swap(other.qkv);
+    merged.swap(other.merged);
+    std::swap(attention, other.attention);
+    std::swap(qkv_gemm, other.qkv_gemm);
+    std::swap(proj_gemm, other.proj_gemm);
+    std::swap(config_, other.config_);
+    std::swap(capacity_, other.capacity_);
+    std::swap(key_capacity_, other.key_capacity_);
   }
 
   const AttentionConfig& config() const { return config_; }
@@ -38,7 +66,10 @@ class Workspace {
   // Strong guarantee: everything is allocated before anything is replaced, so if an allocation
   // throws (std::bad_alloc) the workspace is unchanged and still usable.
   void reserve(Index max_tokens, Index max_keys = -1) {
-    if (max_keys < 0) max_keys = max_tokens;
+    if (max_keys < -1)
+      throw ShapeError("max_keys: expected a non-negative count (or -1: max_tokens), got " +
+                       std::to_string(max_keys));
+    if (max_keys == -1) max_keys = max_tokens;
     if (max_tokens < 0)
       throw ShapeError("max_tokens: expected a non-negative count, got " +
                        std::to_string(max_tokens));
