@@ -140,17 +140,19 @@ void zero_padding(const BatchLayout& batch, Index b, MatrixRef<T>& out) {
 
 // The batched cached forward; caches(b) is sequence b's KVCache<T>& (B of them).
 // Every check, for every sequence, runs before any cache changes.
+// distinct: the caches are known to be distinct objects (elements of one vector), so the O(B^2)
+// check for a cache given twice is skipped.
 template <class T, class CacheAt>
 void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                          const BatchLayout& batch, const CacheAt& caches, Workspace<T>& ws,
-                          MatrixRef<T>& out) {
+                          const BatchLayout& batch, const CacheAt& caches, bool distinct,
+                          Workspace<T>& ws, MatrixRef<T>& out) {
   const Index B = batch.batch();
   check_batch_io<T>(batch, w.n_embd(), x, out);
   check_workspace(w, ws);
   Index max_keys = 0;
   for (Index b = 0; b < B; ++b) {
     KVCache<T>& cache = caches(b);
-    for (Index a = 0; a < b; ++a)
+    for (Index a = 0; a < b && !distinct; ++a)
       if (&caches(a) == &cache)
         throw ShapeError("caches: sequences " + std::to_string(a) + " and " + std::to_string(b) +
                          " share one KV cache");
@@ -233,7 +235,8 @@ void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
                      std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
   detail::batch_forward_cached<T>(
       w, detail::as_view<T>(x), batch,
-      [&](Index b) -> KVCache<T>& { return caches[static_cast<std::size_t>(b)]; }, ws, out);
+      [&](Index b) -> KVCache<T>& { return caches[static_cast<std::size_t>(b)]; }, true, ws,
+      out);
 }
 
 // Same, with the caches held elsewhere: caches[b] points at sequence b's cache, for the
@@ -245,8 +248,8 @@ void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
   for (Index b = 0; b < batch.batch(); ++b)
     if (caches[b] == nullptr) throw ShapeError("caches: entry " + std::to_string(b) + " is null");
   detail::batch_forward_cached<T>(
-      w, detail::as_view<T>(x), batch, [&](Index b) -> KVCache<T>& { return *caches[b]; }, ws,
-      out);
+      w, detail::as_view<T>(x), batch, [&](Index b) -> KVCache<T>& { return *caches[b]; }, false,
+      ws, out);
 }
 
 // Same, with a vector of B pointers.
