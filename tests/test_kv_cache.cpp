@@ -100,6 +100,36 @@ TYPED_TEST(KVCacheTest, AppendStoresEachHeadContiguously) {
   }
 }
 
+// A cache filled from Hugging Face's past_key_values layout ([n_head, n, head_dim] per sequence)
+// continues exactly like the cache that computed those keys and values.
+TYPED_TEST(KVCacheTest, AppendPastTakesHuggingFaceLayout) {
+  using T = TypeParam;
+  const Model<T> m = random_model<T>(16, 2, 21);
+  const gpt2::AttentionWeights<T> w = m.weights();
+  const RowMatrix<T> x = random_input<T>(9, 16, 22);
+  KVCache<T> computed(m.config, 9), imported(m.config, 9);
+  gpt2::Workspace<T> ws(m.config);
+  RowMatrix<T> out(9, 16), a(3, 16), b(3, 16);
+  gpt2::attention_forward<T>(w, x.topRows(6), computed, ws, out.topRows(6));
+  RowMatrix<T> past_k(2 * 6, 8), past_v(2 * 6, 8);  // [n_head, n_past, head_dim]
+  for (Index h = 0; h < 2; ++h) {
+    past_k.middleRows(h * 6, 6) = computed.keys(h);
+    past_v.middleRows(h * 6, 6) = computed.values(h);
+  }
+  imported.append_past(past_k.topRows(2 * 4), past_v.topRows(2 * 4));  // wrong n: heads mixed
+  EXPECT_FALSE(imported.keys(1) == computed.keys(1).topRows(4));
+  imported.reset();
+  imported.append_past(past_k, past_v);
+  ASSERT_EQ(imported.n_past(), 6);
+  gpt2::attention_forward<T>(w, x.bottomRows(3), computed, ws, a);
+  gpt2::attention_forward<T>(w, x.bottomRows(3), imported, ws, b);
+  EXPECT_TRUE(a == b);
+  EXPECT_EQ(error_of<gpt2::ShapeError>([&] { imported.append_past(past_k.topRows(5), past_v.topRows(5)); }),
+            "k: expected shape [n_head * n, 8] with n_head 2, got [5, 8]");
+  EXPECT_THROW(imported.append_past(past_k.topRows(2), past_v.topRows(2)), gpt2::CapacityError);
+  EXPECT_EQ(imported.n_past(), 9);
+}
+
 TYPED_TEST(KVCacheTest, OverflowIsACapacityErrorAndChangesNothing) {
   using T = TypeParam;
   const Model<T> m = random_model<T>(16, 2, 1);

@@ -137,6 +137,28 @@ class KVCache {
     n_past_ += n;
   }
 
+  // Appends n positions given head by head, as Hugging Face's past_key_values hold them:
+  //   k, v [n_head * n, head_dim]: the row-major [n_head, n, head_dim] tensors of one sequence
+  //   (layer_past[0][b], layer_past[1][b]); rows h*n .. h*n + n - 1 are head h's.
+  // Throws CapacityError (cache unchanged) when they do not fit. Allocates nothing.
+  template <class DK, class DV>
+  void append_past(const Eigen::MatrixBase<DK>& k_in, const Eigen::MatrixBase<DV>& v_in) {
+    const ConstMatrixRef<T> k = detail::as_view<T>(k_in);
+    const ConstMatrixRef<T> v = detail::as_view<T>(v_in);
+    const Index H = config_.n_head, hd = config_.head_dim();
+    if (k.rows() % H != 0 || k.cols() != hd)
+      throw ShapeError("k: expected shape [n_head * n, " + std::to_string(hd) + "] with n_head " +
+                       std::to_string(H) + ", got " + detail::shape_string({k.rows(), k.cols()}));
+    const Index n = k.rows() / H;
+    detail::check_shape("v", {H * n, hd}, {v.rows(), v.cols()});
+    check_room(n);
+    for (Index h = 0; h < H; ++h) {
+      block(keys_, h).middleRows(n_past_, n) = k.middleRows(h * n, n);
+      block(values_, h).middleRows(n_past_, n) = v.middleRows(h * n, n);
+    }
+    n_past_ += n;
+  }
+
   // The whole storage of keys / values [n_head * capacity, head_dim] (row h*capacity + p holds
   // head h's position p), read-only: for overlap checks and inspection. Rows from n_past on are
   // free space (they may hold what a rolled-back forward wrote). Fill the cache with append().
