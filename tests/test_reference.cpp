@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <iomanip>
 #include <limits>
-#include <map>
 #include <sstream>
 
 #include "gpt2/attention.hpp"
+#include "support/accuracy.hpp"
 #include "support/compare.hpp"
 #include "support/fixture.hpp"
 
@@ -21,76 +21,9 @@ namespace {
 using gpt2::Index;
 using gpt2::RowMatrix;
 using gpt2::test::CaseInputs;
+using gpt2::test::expect_accurate;
 using gpt2::test::Fixture;
-
-// Accuracy rows collected by the tests, printed once at exit.
-struct AccuracyRow {
-  std::string case_name, dtype, quantity;
-  double ours, torch32;
-};
-std::vector<AccuracyRow>& accuracy_rows() {
-  static std::vector<AccuracyRow> rows;
-  return rows;
-}
-
-// Prints, per case, the output's error in float32 (ours and PyTorch's own), the worst ratio over
-// all quantities (q, k, v, merged, probs, out), and the worst float64 error: README's table.
-class AccuracyTable : public ::testing::Environment {
- public:
-  void TearDown() override {
-    struct Summary {
-      double f32_out = -1, torch_out = -1, worst_ratio = 0, f64_worst = -1;
-    };
-    std::vector<std::string> order;
-    std::map<std::string, Summary> cases;
-    for (const AccuracyRow& r : accuracy_rows()) {
-      if (!cases.count(r.case_name)) order.push_back(r.case_name);
-      Summary& s = cases[r.case_name];
-      if (r.dtype == "float32") {
-        if (r.quantity == "out") s.f32_out = r.ours, s.torch_out = r.torch32;
-        if (r.torch32 > 0) s.worst_ratio = std::max(s.worst_ratio, r.ours / r.torch32);
-      } else {
-        s.f64_worst = std::max(s.f64_worst, r.ours);
-      }
-    }
-    if (order.empty()) return;
-    std::printf("\n| case | fp32 out error | PyTorch fp32 out error | worst fp32 ratio (all quantities) | worst fp64 error |\n");
-    std::printf("|---|---|---|---|---|\n");
-    for (const std::string& name : order) {
-      const Summary& s = cases[name];
-      std::printf("| %s | %.2e | %.2e | %.2f | %.1e |\n", name.c_str(), s.f32_out, s.torch_out,
-                  s.worst_ratio, s.f64_worst);
-    }
-  }
-};
-const auto* const kTable = ::testing::AddGlobalTestEnvironment(new AccuracyTable);
-
-template <class T>
-const char* dtype_name() {
-  return sizeof(T) == 4 ? "float32" : "float64";
-}
-
-// Checks one quantity against the reference with the bar above and records it in the table.
-template <class T, class A>
-void expect_accurate(const Fixture& f, const std::string& quantity, const Eigen::MatrixBase<A>& ours,
-                     const RowMatrix<double>& ref) {
-  const std::string key = "torch32_err_" + quantity;
-  const double torch32 = f.number(key);
-  const double bound = sizeof(T) == 4 ? 8 * torch32 : 1e-12;
-  const gpt2::test::MaxDiff d = gpt2::test::max_diff(ours, ref);
-  EXPECT_LE(d.relative(), bound) << f.name() << " " << quantity << ": max |diff| " << d.value
-                                 << " at (" << d.row << ", " << d.col << "), max |ref| "
-                                 << d.expected_max_abs << ", PyTorch fp32 error " << torch32;
-  accuracy_rows().push_back({f.name(), dtype_name<T>(), quantity, d.relative(), torch32});
-}
-
-template <class T>
-std::unique_ptr<CaseInputs<T>> inputs_for(const Fixture& f) {
-  if (!f.is_real()) return CaseInputs<T>::synthetic(f);
-  const std::string path = gpt2::test::real_weights_path();
-  if (path.empty()) return nullptr;
-  return CaseInputs<T>::real(f, path);
-}
+using gpt2::test::inputs_for;
 
 // Our results for every stored row of a case.
 template <class T>

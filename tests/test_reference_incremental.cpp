@@ -6,18 +6,17 @@
 //                      then NaN: identical results)
 //   kind batch_decode: batched generation with one KVCache per sequence: left-padded prompts, then
 //                      one token per unfinished sequence per step
-// Accuracy bar as in test_reference.cpp: float max|ours - ref| / max|ref| <= 8 x PyTorch float32's
-// own error on the same case and quantity; double <= 1e-12. Padded output rows must be exactly 0.
-// Prints a per-case table (lines starting with '|') at the end: README's.
+// Accuracy bar and table: support/accuracy.hpp (as test_reference.cpp). Padded output rows must be
+// exactly 0.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <limits>
-#include <map>
 #include <sstream>
 #include <vector>
 
 #include "gpt2/attention.hpp"
+#include "support/accuracy.hpp"
 #include "support/compare.hpp"
 #include "support/det_random.hpp"
 #include "support/fixture.hpp"
@@ -29,68 +28,17 @@ using gpt2::Index;
 using gpt2::KVCache;
 using gpt2::RowMatrix;
 using gpt2::test::CaseInputs;
+using gpt2::test::expect_accurate;
 using gpt2::test::Fixture;
+using gpt2::test::inputs_for;
 
 constexpr std::uint64_t kSeedOffsetPad = 5;  // padding garbage (generate.py SEED_OFFSET["pad"])
-
-struct Row {
-  std::string case_name, dtype, quantity;
-  double ours, torch32;
-};
-std::vector<Row>& table_rows() {
-  static std::vector<Row> rows;
-  return rows;
-}
-// Per case: the output's float32 error (ours, PyTorch's own), the worst float32 ratio over all
-// quantities (out, present_k, present_v, probs) and the worst float64 error: README's table.
-class Table : public ::testing::Environment {
- public:
-  void TearDown() override {
-    struct Summary {
-      double f32_out = -1, torch_out = -1, worst_ratio = 0, f64_worst = -1;
-    };
-    std::vector<std::string> order;
-    std::map<std::string, Summary> cases;
-    for (const Row& r : table_rows()) {
-      if (!cases.count(r.case_name)) order.push_back(r.case_name);
-      Summary& s = cases[r.case_name];
-      if (r.dtype == "float32") {
-        if (r.quantity == "out") s.f32_out = r.ours, s.torch_out = r.torch32;
-        s.worst_ratio = std::max(s.worst_ratio, r.ours / r.torch32);
-      } else {
-        s.f64_worst = std::max(s.f64_worst, r.ours);
-      }
-    }
-    if (order.empty()) return;
-    std::printf("\n| case | fp32 out error | PyTorch fp32 out error | worst fp32 ratio (all quantities) | worst fp64 error |\n");
-    std::printf("|---|---|---|---|---|\n");
-    for (const std::string& name : order) {
-      const Summary& s = cases[name];
-      std::printf("| %s | %.2e | %.2e | %.2f | %.1e |\n", name.c_str(), s.f32_out, s.torch_out,
-                  s.worst_ratio, s.f64_worst);
-    }
-  }
-};
-const auto* const kTable = ::testing::AddGlobalTestEnvironment(new Table);
 
 std::vector<Index> integers(const std::string& csv) {
   std::vector<Index> v;
   std::stringstream s(csv);
   for (std::string item; std::getline(s, item, ',');) v.push_back(std::stoll(item));
   return v;
-}
-
-template <class T, class A>
-void expect_accurate(const Fixture& f, const std::string& quantity, const Eigen::MatrixBase<A>& ours,
-                     const RowMatrix<double>& ref) {
-  const double torch32 = f.number("torch32_err_" + quantity);
-  const double bound = sizeof(T) == 4 ? 8 * torch32 : 1e-12;
-  const gpt2::test::MaxDiff d = gpt2::test::max_diff(ours, ref);
-  EXPECT_LE(d.relative(), bound) << f.name() << " " << quantity << ": max |diff| " << d.value
-                                 << " at (" << d.row << ", " << d.col << "), max |ref| "
-                                 << d.expected_max_abs << ", PyTorch fp32 error " << torch32;
-  table_rows().push_back({f.name(), sizeof(T) == 4 ? "float32" : "float64", quantity,
-                          d.relative(), torch32});
 }
 
 // Rows that are zero in the reference (padding) must be exactly zero in ours.
@@ -100,14 +48,6 @@ void expect_padding_exactly_zero(const Fixture& f, const RowMatrix<T>& ours, con
     if ((ref.row(r).array() == 0.0).all()) {
       EXPECT_TRUE((ours.row(r).array() == T(0)).all()) << f.name() << ": padded row " << r;
     }
-}
-
-template <class T>
-std::unique_ptr<CaseInputs<T>> inputs_for(const Fixture& f) {
-  if (!f.is_real()) return CaseInputs<T>::synthetic(f);
-  const std::string path = gpt2::test::real_weights_path();
-  if (path.empty()) return nullptr;
-  return CaseInputs<T>::real(f, path);
 }
 
 // ---------------------------------------------------------------------------------------------
