@@ -27,6 +27,20 @@ void check_workspace(const AttentionWeights<T>& w, const Workspace<T>& ws) {
                       std::to_string(b.n_embd) + ", n_head " + std::to_string(b.n_head));
 }
 
+// Once the workspace has room for T_new tokens: out and probs must not overlap the workspace's
+// buffers (the steps would read what another step has overwritten), nor each other. out and probs
+// may alias x: x is fully read by the first step.
+template <class T>
+void check_workspace_overlap(const Workspace<T>& ws, Index T_new, const MatrixRef<T>& out,
+                             const MatrixRef<T>* probs) {
+  if (T_new == 0) return;
+  const ConstMatrixRef<T> qkv = ws.qkv.topRows(T_new), merged = ws.merged.topRows(T_new);
+  if (overlaps(out, qkv) || overlaps(out, merged))
+    throw ShapeError("out: must not overlap the workspace");
+  if (probs && (overlaps(*probs, out) || overlaps(*probs, qkv) || overlaps(*probs, merged)))
+    throw ShapeError("probs: must not overlap out or the workspace");
+}
+
 // Steps 3 to 5 for the T new tokens whose projections are in qkv [T, 3C]: head h attends with
 // q_view(qkv, h) to keys_of(h), values_of(h) [n_keys, head_dim] (n_keys >= T; the last T of them
 // belong to the new tokens), the heads go to their slots of merged [T, C], then out [T, C] =
@@ -62,14 +76,9 @@ void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
   if (T_ == 0) return;
   ws.reserve(T_);
 
+  check_workspace_overlap<T>(ws, T_, out, probs);
   MatrixRef<T> qkv = ws.qkv.topRows(T_);
   MatrixRef<T> merged = ws.merged.topRows(T_);
-  // out may alias x (x is fully read by the first step); probs may alias x too. Nothing else may
-  // share storage: the steps would read what another step has overwritten.
-  if (overlaps(out, qkv) || overlaps(out, merged))
-    throw ShapeError("out: must not overlap the workspace");
-  if (probs && (overlaps(*probs, out) || overlaps(*probs, qkv) || overlaps(*probs, merged)))
-    throw ShapeError("probs: must not overlap out or the workspace");
   qkv_projection<T>(w, x, qkv, ws.qkv_gemm);  // x is fully read here: out may alias x
   const ConstMatrixRef<T> qkv_read = qkv;
   attend_and_project<T>(

@@ -55,19 +55,6 @@ void check_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
     throw ShapeError("probs: must not overlap the KV cache");
 }
 
-// The rest, once the workspace has room for T_new tokens: out and probs must not overlap the
-// workspace's buffers (the steps would read what another step has overwritten), nor each other.
-template <class T>
-void check_workspace_overlap(const Workspace<T>& ws, Index T_new, const MatrixRef<T>& out,
-                             const MatrixRef<T>* probs) {
-  if (T_new == 0) return;
-  const ConstMatrixRef<T> qkv = ws.qkv.topRows(T_new), merged = ws.merged.topRows(T_new);
-  if (overlaps(out, qkv) || overlaps(out, merged))
-    throw ShapeError("out: must not overlap the workspace");
-  if (probs && (overlaps(*probs, out) || overlaps(*probs, qkv) || overlaps(*probs, merged)))
-    throw ShapeError("probs: must not overlap out or the workspace");
-}
-
 // The cached forward, after both checks with a workspace grown to T_new tokens and
 // cache.capacity() keys. Appends T_new positions to the cache. Every check has passed by then, so
 // nothing is expected to throw; if anything does, the cache is rolled back to n_past positions.
