@@ -11,6 +11,7 @@
 // max|expected| in double (a margin far below any real error, far above reordering noise).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,10 +20,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -62,7 +65,28 @@ using gpt2::test::write_text;
 struct CliResult {
   int status = -1;  // exit status, or 128 + signal
   std::string out, err;
+  double seconds = 0;  // wall time from fork to exit
 };
+
+// AddressSanitizer (the asan preset) reserves terabytes of address space for its shadow memory
+// and aborts on an allocation it cannot serve, so under it no address-space limit is set and the
+// test that needs a failing allocation is skipped.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
+// The address space (RLIMIT_AS) allowed to the CLI in the tests of what a run may allocate: far
+// above what a run on these small inputs needs, far below any buffer sized by a huge B or T.
+// None under AddressSanitizer.
+constexpr rlim_t kSmallAddressSpace = kAddressSanitizer ? 0 : rlim_t{512} << 20;
 
 // How run_cli connects the CLI's stdout.
 enum class Stdout {
@@ -72,9 +96,10 @@ enum class Stdout {
 
 // Runs the CLI with `args` in directory `cwd`; stdout and stderr go to files in another directory,
 // so that `cwd` holds only what the CLI itself writes. A run that takes over two minutes (a hang,
-// e.g. on a FIFO) is killed and reported as status -2.
+// e.g. on a FIFO) is killed and reported as status -2. address_space > 0: the child's RLIMIT_AS,
+// so that an allocation beyond it fails (std::bad_alloc) instead of succeeding or swapping.
 CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd,
-                  Stdout stdout_to = Stdout::File) {
+                  Stdout stdout_to = Stdout::File, rlim_t address_space = 0) {
   const TempDir logs("gpt2-cli");
   const std::string out_path = logs.file("stdout"), err_path = logs.file("stderr");
   std::vector<std::string> argv_strings = {GPT2_CLI_PATH};
@@ -88,6 +113,7 @@ CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd,
     if (::pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
     ::close(pipe_fds[0]);  // no reader, before the child can write
   }
+  const auto started = std::chrono::steady_clock::now();
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
@@ -98,6 +124,10 @@ CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd,
     if (out < 0 || err < 0 || ::chdir(cwd.c_str()) != 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0)
       ::_exit(127);
     if (stdout_to == Stdout::ClosedPipe) ::signal(SIGPIPE, SIG_IGN);  // kept across exec
+    if (address_space > 0) {
+      const rlimit limit{address_space, address_space};
+      if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(127);
+    }
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
@@ -120,6 +150,7 @@ CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd,
     }
     ::usleep(5000);
   }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (stdout_to == Stdout::File) r.out = read_text(out_path);
   r.err = read_text(err_path);
   return r;
@@ -245,8 +276,13 @@ class CliTest : public ::testing::Test {
   }
 
   std::string file(const std::string& name) const { return dir.file(name); }
-  CliResult cli(const std::vector<std::string>& args, Stdout stdout_to = Stdout::File) const {
-    return run_cli(args, dir.path_string(), stdout_to);
+  CliResult cli(const std::vector<std::string>& args, Stdout stdout_to = Stdout::File,
+                rlim_t address_space = 0) const {
+    return run_cli(args, dir.path_string(), stdout_to, address_space);
+  }
+  // The CLI in kSmallAddressSpace.
+  CliResult cli_small(const std::vector<std::string>& args) const {
+    return cli(args, Stdout::File, kSmallAddressSpace);
   }
 
   // run --weights w.safetensors --input x.npy --output y.npy --n-head 4, plus `extra`.
@@ -265,11 +301,13 @@ class CliTest : public ::testing::Test {
   }();
 };
 
-// Exit status 0 and nothing on stderr.
-#define EXPECT_SUCCESS(r)                                \
-  do {                                                   \
-    EXPECT_EQ((r).status, 0) << "stderr: " << (r).err;   \
-    EXPECT_EQ((r).err, "");                              \
+// Exit status 0 and nothing on stderr. `r` is evaluated once: it is often the run itself.
+#define EXPECT_SUCCESS(r)                                          \
+  do {                                                             \
+    const CliResult& expect_success_result = (r);                  \
+    EXPECT_EQ(expect_success_result.status, 0)                     \
+        << "stderr: " << expect_success_result.err;                \
+    EXPECT_EQ(expect_success_result.err, "");                      \
   } while (0)
 
 // ---------------------------------------------------------------------------------------------
@@ -439,19 +477,26 @@ struct BatchExpected {
   RowMatrix<T> y, probs;
 };
 
+// The same for any batch [B, T, kC]: y [B * T, kC]; probs [B * kHeads * T, T].
+template <class T>
+BatchExpected<T> expected_batch(const Layer& layer, const RowMatrix<T>& x, Index B, Index T_,
+                                const std::vector<Index>& starts, const std::vector<Index>& lengths) {
+  BatchExpected<T> e{RowMatrix<T>::Zero(B * T_, kC), RowMatrix<T>::Zero(B * kHeads * T_, T_)};
+  for (Index b = 0; b < B; ++b) {
+    const Index s = starts[static_cast<std::size_t>(b)], l = lengths[static_cast<std::size_t>(b)];
+    RowMatrix<T> probs;
+    const RowMatrix<T> real = x.middleRows(b * T_ + s, l);  // a copy: the real rows alone
+    e.y.middleRows(b * T_ + s, l) = layer.forward<T>(real, kHeads, &probs);
+    for (Index h = 0; h < kHeads; ++h)
+      e.probs.block((b * kHeads + h) * T_ + s, s, l, l) = probs.middleRows(h * l, l);
+  }
+  return e;
+}
+
 template <class T>
 BatchExpected<T> per_sequence(const Layer& layer, const RowMatrix<T>& x,
                               const std::vector<Index>& starts, const std::vector<Index>& lengths) {
-  BatchExpected<T> e{RowMatrix<T>::Zero(kB * kTb, kC), RowMatrix<T>::Zero(kB * kHeads * kTb, kTb)};
-  for (Index b = 0; b < kB; ++b) {
-    const Index s = starts[static_cast<std::size_t>(b)], l = lengths[static_cast<std::size_t>(b)];
-    RowMatrix<T> probs;
-    const RowMatrix<T> real = x.middleRows(b * kTb + s, l);  // a copy: the real rows alone
-    e.y.middleRows(b * kTb + s, l) = layer.forward<T>(real, kHeads, &probs);
-    for (Index h = 0; h < kHeads; ++h)
-      e.probs.block((b * kHeads + h) * kTb + s, s, l, l) = probs.middleRows(h * l, l);
-  }
-  return e;
+  return expected_batch<T>(layer, x, kB, kTb, starts, lengths);
 }
 
 // A .npy file of any rank as T, checked twice: its bytes against the header numpy.save writes for
@@ -589,26 +634,57 @@ TEST_F(CliBatchTest, DoubleComputesInDouble) {
   EXPECT_TRUE(gpt2::test::near(read_batch_probs<double>(file("pb.npy")), e.probs, kDoubleTol));
 }
 
-TEST_F(CliBatchTest, NaNInPaddedRowsReachesNothing) {
+// Padded rows holding NaN, +-Inf or +-1e38 (finite, but overflowing any product with it) change
+// nothing: Y and P are bitwise those of a clean input, with and without --prefill.
+TEST_F(CliBatchTest, GarbageInPaddedRowsReachesNothing) {
   const std::vector<Index> starts = {2, 0, 0}, lengths = {3, 5, 0};
   const std::vector<std::string> flags = {"--starts", csv(starts), "--lengths", csv(lengths)};
-  RowMatrix<float> poisoned = xb;
-  for (const Index row : padded_rows(starts, lengths))
-    poisoned.row(row).setConstant(std::numeric_limits<float>::quiet_NaN());
-  write_batch("xnan.npy", poisoned);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::pair<std::string, float>> garbage = {
+      {"NaN", std::numeric_limits<float>::quiet_NaN()}, {"+Inf", inf}, {"-Inf", -inf},
+      {"1e38", 1e38f}, {"-1e38", -1e38f}};
   for (const std::string prefill : {"", "2"}) {
-    SCOPED_TRACE("--prefill '" + prefill + "'");
     std::vector<std::string> extra = flags;
     if (!prefill.empty()) extra.insert(extra.end(), {"--prefill", prefill});
-    EXPECT_SUCCESS(run_batch(extra));
+    ASSERT_EQ(run_batch(extra).status, 0);
     const std::string y = read_text(file("yb.npy")), p = read_text(file("pb.npy"));
-    EXPECT_SUCCESS(run_batch(extra, "xnan.npy"));
-    EXPECT_EQ(read_text(file("yb.npy")), y) << "the NaN rows changed Y";
-    EXPECT_EQ(read_text(file("pb.npy")), p) << "the NaN rows changed P";
-    EXPECT_TRUE(read_batch_y<float>(file("yb.npy")).allFinite());
-    EXPECT_TRUE(read_batch_probs<float>(file("pb.npy")).allFinite());
-    expect_per_sequence(starts, lengths);
+    for (const auto& [name, value] : garbage) {
+      SCOPED_TRACE("--prefill '" + prefill + "', padding " + name);
+      RowMatrix<float> poisoned = xb;
+      for (const Index row : padded_rows(starts, lengths)) poisoned.row(row).setConstant(value);
+      write_batch("xbad.npy", poisoned);
+      EXPECT_SUCCESS(run_batch(extra, "xbad.npy"));
+      EXPECT_EQ(read_text(file("yb.npy")), y) << "the padding changed Y";
+      EXPECT_EQ(read_text(file("pb.npy")), p) << "the padding changed P";
+      EXPECT_TRUE(read_batch_y<float>(file("yb.npy")).allFinite());
+      EXPECT_TRUE(read_batch_probs<float>(file("pb.npy")).allFinite());
+      expect_per_sequence(starts, lengths);
+    }
   }
+}
+
+// --output may name the --input file of a batch too (X is read in full first); the batched
+// decode reads its step inputs from X, never from Y.
+TEST_F(CliBatchTest, OutputMayBeTheBatchInput) {
+  const std::vector<Index> starts = {0, 2, 1}, lengths = {kTb, 3, 0};
+  const BatchExpected<float> e = per_sequence<float>(layer0, xb, starts, lengths);
+  for (const std::string prefill : {"", "0", "2"}) {
+    SCOPED_TRACE("--prefill '" + prefill + "'");
+    std::vector<std::string> extra = {"--starts", csv(starts), "--lengths", csv(lengths)};
+    if (!prefill.empty()) extra.insert(extra.end(), {"--prefill", prefill});
+    ASSERT_EQ(run_batch(extra).status, 0);  // to yb.npy, for the bitwise comparison
+    write_batch("xio.npy", xb);
+    std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "xio.npy",
+                                     "--output", "./xio.npy", "--probs", "pio.npy", "--n-head", "4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    EXPECT_SUCCESS(cli(args));
+    EXPECT_EQ(read_text(file("xio.npy")), read_text(file("yb.npy")));
+    EXPECT_EQ(read_text(file("pio.npy")), read_text(file("pb.npy")));
+    EXPECT_TRUE(gpt2::test::near(read_batch_y<float>(file("xio.npy")), e.y, kFloatTol));
+  }
+  const std::vector<std::string> expected = {"pb.npy", "pio.npy", "w.safetensors", "x.npy",
+                                             "xb.npy", "xio.npy", "yb.npy"};
+  EXPECT_EQ(dir.list(), expected);
 }
 
 // Batched decode (--prefill N with [B, T, C]) against the plain batched run: bitwise when the first
@@ -657,6 +733,156 @@ TEST_F(CliBatchTest, EmptyBatchesAndSequences) {
   EXPECT_TRUE((read_batch_probs<float>(file("pb.npy")).array() == 0.0f).all());
 }
 
+// An empty batch costs nothing beyond reading the header, however large the other dimension: B = 0
+// with T = 1e8, and B = 1e8 with T = 0, in a file of a header alone. The run gets kSmallAddressSpace,
+// far below anything sized by B or T (a cache, a workspace, a layout, a map), and must be quick.
+// What can be checked still is: the number of --lengths/--starts values against B, each against T.
+class CliEmptyBatchTest : public CliBatchTest {
+ protected:
+  static constexpr std::int64_t kHuge = 100000000;
+
+  // run --input <input> -> ye.npy (and pe.npy unless `probs` is false), plus `extra`, in
+  // kSmallAddressSpace; succeeds quickly with outputs of the right shapes.
+  void expect_empty_outputs(const std::string& input, const std::vector<std::int64_t>& shape,
+                            const std::vector<std::string>& extra, bool probs = true) {
+    std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", input,
+                                     "--output", "ye.npy", "--n-head", "4"};
+    if (probs) args.insert(args.end(), {"--probs", "pe.npy"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = cli_small(args);
+    EXPECT_SUCCESS(r);
+    EXPECT_LT(r.seconds, 5.0);
+    EXPECT_TRUE(read_npy_numpy_save<float>(file("ye.npy"), shape).empty());
+    if (probs) {
+      EXPECT_TRUE(read_npy_numpy_save<float>(file("pe.npy"), {shape[0], kHeads, shape[1], shape[1]}).empty());
+    }
+    std::filesystem::remove(file("ye.npy"));
+    std::filesystem::remove(file("pe.npy"));
+  }
+
+  // The same run fails with status `status` and exactly `message`, quickly.
+  void expect_error(const std::string& input, const std::vector<std::string>& extra, int status,
+                    const std::string& message) {
+    std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", input,
+                                     "--output", "ye.npy", "--probs", "pe.npy", "--n-head", "4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = cli_small(args);
+    EXPECT_EQ(r.status, status);
+    EXPECT_EQ(r.err, "gpt2-attention: " + message + "\n");
+    EXPECT_LT(r.seconds, 5.0);
+    EXPECT_FALSE(std::filesystem::exists(file("ye.npy")));
+  }
+};
+
+TEST_F(CliEmptyBatchTest, NoSequencesOfAHugeLength) {
+  const std::vector<std::int64_t> shape = {0, kHuge, kC};
+  gpt2::npy::write<float>(file("x0.npy"), std::vector<float>().data(), shape);
+  for (const std::string prefill : {"", "0", "5", "200000000"}) {
+    SCOPED_TRACE("--prefill '" + prefill + "'");
+    const std::vector<std::string> extra =
+        prefill.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--prefill", prefill};
+    expect_empty_outputs("x0.npy", shape, extra);
+    expect_empty_outputs("x0.npy", shape, extra, false);
+  }
+  // B = 0: no list can have B values (an empty value is a usage error).
+  expect_error("x0.npy", {"--lengths", "0"}, 1,
+               "--lengths: expected 0 values (one per sequence of input [0, 100000000, 64]), got 1");
+  expect_error("x0.npy", {"--starts=0,0", "--prefill", "1"}, 1,
+               "--starts: expected 0 values (one per sequence of input [0, 100000000, 64]), got 2");
+  expect_error("x0.npy", {"--lengths="}, 2,
+               "flag --lengths needs a value, got an empty one (see gpt2-attention --help)");
+}
+
+TEST_F(CliEmptyBatchTest, AHugeNumberOfEmptySequences) {
+  const std::vector<std::int64_t> shape = {kHuge, 0, kC};
+  gpt2::npy::write<float>(file("xh.npy"), std::vector<float>().data(), shape);
+  for (const std::string prefill : {"", "0", "3"}) {
+    SCOPED_TRACE("--prefill '" + prefill + "'");
+    const std::vector<std::string> extra =
+        prefill.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--prefill", prefill};
+    expect_empty_outputs("xh.npy", shape, extra);
+    expect_empty_outputs("xh.npy", shape, extra, false);
+  }
+  expect_error("xh.npy", {"--lengths", "0,0"}, 1,
+               "--lengths: expected 100000000 values (one per sequence of input [100000000, 0, 64]), got 2");
+  expect_error("xh.npy", {"--starts", "0", "--prefill", "2"}, 1,
+               "--starts: expected 100000000 values (one per sequence of input [100000000, 0, 64]), got 1");
+
+  // T = 0 with a few sequences: every value is checked against T.
+  gpt2::npy::write<float>(file("x20.npy"), std::vector<float>().data(), {2, 0, kC});
+  expect_empty_outputs("x20.npy", {2, 0, kC}, {"--starts", "0,0", "--lengths", "0,0", "--prefill", "1"});
+  expect_error("x20.npy", {"--starts", "0,1"}, 1,
+               "--starts: expected sequence 1's start in [0, 0] (T of input [2, 0, 64]), got 1");
+  expect_error("x20.npy", {"--lengths", "1,0", "--prefill", "0"}, 1,
+               "--lengths: expected sequence 0's length in [0, 0] (T of input [2, 0, 64]), got 1");
+}
+
+// B = 1: the batch is the 2-D run of its real rows (Y and P within the tolerance, padding 0), with
+// every row real, with padding on both sides, and through the decode.
+TEST_F(CliBatchTest, OneSequence) {
+  gpt2::npy::write<float>(file("x1.npy"), x.data(), {1, kT, kC});
+  for (const auto& [starts, lengths] : std::vector<std::pair<std::vector<Index>, std::vector<Index>>>{
+           {{0}, {kT}}, {{2}, {5}}, {{kT}, {0}}}) {
+    const BatchExpected<float> e = expected_batch<float>(layer0, x, 1, kT, starts, lengths);
+    for (const std::string prefill : {"", "0", "3", "100"}) {
+      SCOPED_TRACE("--starts " + csv(starts) + " --lengths " + csv(lengths) + " --prefill '" + prefill + "'");
+      std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "x1.npy",
+                                       "--output", "y1.npy", "--probs", "p1.npy", "--n-head", "4",
+                                       "--starts", csv(starts), "--lengths", csv(lengths)};
+      if (!prefill.empty()) args.insert(args.end(), {"--prefill", prefill});
+      EXPECT_SUCCESS(cli(args));
+      const std::vector<float> y = read_npy<float>(file("y1.npy"), {1, kT, kC});
+      const std::vector<float> p = read_npy_numpy_save<float>(file("p1.npy"), {1, kHeads, kT, kT});
+      ASSERT_EQ(static_cast<Index>(y.size()), e.y.size());
+      ASSERT_EQ(static_cast<Index>(p.size()), e.probs.size());
+      EXPECT_TRUE(gpt2::test::near(Eigen::Map<const RowMatrix<float>>(y.data(), kT, kC), e.y, kFloatTol));
+      EXPECT_TRUE(gpt2::test::near(Eigen::Map<const RowMatrix<float>>(p.data(), kHeads * kT, kT), e.probs, kFloatTol));
+      for (Index t = 0; t < kT; ++t) {
+        if (t >= starts[0] && t < starts[0] + lengths[0]) continue;
+        for (Index c = 0; c < kC; ++c) EXPECT_EQ(y[static_cast<std::size_t>(t * kC + c)], 0.0f);
+      }
+    }
+  }
+  // With every row real, Y and P are bitwise those of the 2-D run.
+  EXPECT_SUCCESS(cli({"run", "--weights", "w.safetensors", "--input", "x1.npy", "--output", "y1.npy",
+                      "--probs", "p1.npy", "--n-head", "4"}));
+  ASSERT_EQ(run_default({"--probs", "p.npy"}).status, 0);
+  const std::vector<float> y1 = read_npy<float>(file("y1.npy"), {1, kT, kC}), y = read_npy<float>(file("y.npy"), {kT, kC});
+  const std::vector<float> p1 = read_npy<float>(file("p1.npy"), {1, kHeads, kT, kT}),
+                           p = read_npy<float>(file("p.npy"), {kHeads, kT, kT});
+  EXPECT_EQ(y1, y);
+  EXPECT_EQ(p1, p);
+}
+
+// T = 1: every sequence is one token or none (start 1, length 0), with and without --prefill.
+TEST_F(CliBatchTest, OneTokenSequences) {
+  const RowMatrix<float> x3 = xb.topRows(kB);
+  gpt2::npy::write<float>(file("xt1.npy"), x3.data(), {kB, 1, kC});
+  const std::vector<Index> starts = {0, 1, 0}, lengths = {1, 0, 1};
+  const BatchExpected<float> e = expected_batch<float>(layer0, x3, kB, 1, starts, lengths);
+  for (const std::string prefill : {"", "0", "1", "4"}) {
+    for (const bool given : {false, true}) {
+      SCOPED_TRACE("--prefill '" + prefill + "', layout given: " + std::to_string(given));
+      std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "xt1.npy",
+                                       "--output", "yt.npy", "--probs", "pt.npy", "--n-head", "4"};
+      if (given) args.insert(args.end(), {"--starts", csv(starts), "--lengths", csv(lengths)});
+      if (!prefill.empty()) args.insert(args.end(), {"--prefill", prefill});
+      EXPECT_SUCCESS(cli(args));
+      const BatchExpected<float> full = expected_batch<float>(layer0, x3, kB, 1, {0, 0, 0}, {1, 1, 1});
+      const BatchExpected<float>& want = given ? e : full;
+      const std::vector<float> y = read_npy<float>(file("yt.npy"), {kB, 1, kC});
+      const std::vector<float> p = read_npy_numpy_save<float>(file("pt.npy"), {kB, kHeads, 1, 1});
+      ASSERT_EQ(static_cast<Index>(y.size()), want.y.size());
+      ASSERT_EQ(static_cast<Index>(p.size()), want.probs.size());
+      EXPECT_TRUE(gpt2::test::near(Eigen::Map<const RowMatrix<float>>(y.data(), kB, kC), want.y, kFloatTol));
+      // One key: P is exactly 1 for a real token, 0 for the empty sequence.
+      for (Index b = 0; b < kB; ++b)
+        for (Index h = 0; h < kHeads; ++h)
+          EXPECT_EQ(p[static_cast<std::size_t>(b * kHeads + h)], given && b == 1 ? 0.0f : 1.0f);
+    }
+  }
+}
+
 // The data errors of --lengths and --starts, whole messages.
 TEST_F(CliBatchTest, LayoutErrorsNameTheFlagWhatWasExpectedAndWhatWasGot) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
@@ -699,7 +925,9 @@ TEST_F(CliTest, HelpPrintsUsageToStdout) {
     EXPECT_NE(r.out.find("usage: gpt2-attention run"), std::string::npos);
     EXPECT_NE(r.out.find("gpt2-attention demo"), std::string::npos);
     for (const std::string flag : {"--prefill N", "--lengths l0,l1,...", "--starts s0,s1,...", "[B, T, C]",
-                                   "[B, n_head, T, T]"})
+                                   "[B, n_head, T, T]", "P is computed per sequence\n                   without the cache",
+                                   "With B = 0,\n                   leave --lengths and --starts out",
+                                   "B = 0 or T = 0 gives empty outputs", "fails at once (out of memory)"})
       EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
     EXPECT_EQ(r.err, "");
   }
@@ -809,6 +1037,13 @@ std::vector<BadCase> bad_cases() {
       {run({{"--input", "x3c60.npy"}}), 1, {"input x3c60.npy: expected shape [B, T, 64], got [2, 3, 60]"}},
       {run({{"--prefill", "-1"}}), 2, {"--prefill: expected an integer >= 0, got '-1'"}},
       {run({{"--prefill", "2x"}}), 2, {"--prefill", "2x"}},
+      {run({{"--prefill", "+2"}}), 2, {"--prefill: expected an integer >= 0, got '+2'"}},
+      {run({{"--prefill", "-0"}}), 2, {"--prefill: expected an integer >= 0, got '-0'"}},
+      {run({{"--prefill", " 2"}}), 2, {"--prefill: expected an integer >= 0, got ' 2'"}},
+      {run({{"--prefill", "\n2"}}), 2, {"--prefill: expected an integer >= 0, got ' 2'"}},  // one_line
+      {run({{"--layer", "+1"}}), 2, {"--layer: expected an integer in [0, 1000000], got '+1'"}},
+      {run({{"--n-head", "+4"}}), 2, {"--n-head: expected an integer in [1, 1000000], got '+4'"}},
+      {{"demo", "--tokens", "+16"}, 2, {"--tokens", "got '+16'"}},
       {run({{"--prefill", "99999999999999999999"}}), 2, {"--prefill", "99999999999999999999"}},
       {run({{"--lengths", "3,,4"}}), 2, {"--lengths: expected comma-separated integers >= 0, got '3,,4'"}},
       {run({{"--lengths", "x"}}), 2, {"--lengths", "integers >= 0", "'x'"}},
@@ -880,6 +1115,57 @@ TEST_F(CliTest, BadInputFailsCleanly) {
     for (const std::string& k : c.keywords) EXPECT_NE(r.err.find(k), std::string::npos) << k << " in " << r.err;
     EXPECT_EQ(dir.list(), before) << "files were left behind";
   }
+}
+
+// A malformed value is echoed in its message cut to 80 characters ("..." for the rest): a list
+// given by a script can be long. Values of up to 80 characters are echoed whole.
+TEST_F(CliTest, LongValuesAreCutInMessages) {
+  std::string list;
+  for (int i = 0; i < 100; ++i) list += std::to_string(i) + ",";
+  list += "x";  // 291 characters, malformed at the end
+  const std::string cut = list.substr(0, 77) + "...";
+  const std::string digits(200, '7');
+  const std::string eighty = std::string(79, '1') + "x";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {run_with({{"--lengths", list}}), "--lengths: expected comma-separated integers >= 0, got '" + cut + "'"},
+      {run_with({{"--starts", list}}), "--starts: expected comma-separated integers >= 0, got '" + cut + "'"},
+      {run_with({{"--lengths", eighty}}), "--lengths: expected comma-separated integers >= 0, got '" + eighty + "'"},
+      {run_with({{"--prefill", digits}}), "--prefill: expected an integer >= 0, got '" + digits.substr(0, 77) + "...'"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(message);
+    const CliResult r = cli(args);
+    EXPECT_EQ(r.status, 2);
+    EXPECT_EQ(r.err, "gpt2-attention: " + message + " (see gpt2-attention --help)\n");
+  }
+}
+
+// P is allocated before anything is computed: one too large for memory fails at once with the
+// usual one-line error (status 1), not after computing Y. T = 100000 tokens (a 25.6 MB input):
+// computing Y would take far longer than the limit below; P [4, T, T] would take 160 GB (in
+// kSmallAddressSpace, a sure std::bad_alloc). Each path: 2-D plain and --prefill, 3-D plain and
+// --prefill.
+TEST_F(CliTest, ProbsTooLargeForMemoryFailBeforeAnythingIsComputed) {
+  if (kAddressSanitizer) GTEST_SKIP() << "AddressSanitizer: no address-space limit, no std::bad_alloc";
+  constexpr Index kLong = 100000;
+  {
+    const RowMatrix<float> big = RowMatrix<float>::Constant(kLong, kC, 0.5f);  // values do not matter
+    gpt2::npy::write<float>(file("xl.npy"), big);
+    gpt2::npy::write<float>(file("xl3.npy"), big.data(), {2, kLong / 2, kC});
+  }
+  for (const std::string input : {"xl.npy", "xl3.npy"})
+    for (const std::string prefill : {"", "0", "1000"}) {
+      SCOPED_TRACE(input + " --prefill '" + prefill + "'");
+      std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", input,
+                                       "--output", "yl.npy", "--probs", "pl.npy", "--n-head", "4"};
+      if (!prefill.empty()) args.insert(args.end(), {"--prefill", prefill});
+      const CliResult r = cli_small(args);
+      EXPECT_EQ(r.status, 1);
+      EXPECT_EQ(r.err, "gpt2-attention: out of memory\n");
+      EXPECT_LT(r.seconds, 5.0);
+    }
+  const std::vector<std::string> expected = {"w.safetensors", "x.npy", "xl.npy", "xl3.npy"};
+  EXPECT_EQ(dir.list(), expected);
 }
 
 TEST_F(CliTest, FailedSecondWriteKeepsThePreviousOutput) {

@@ -46,9 +46,10 @@ class Flags {
     return it == values_.end() ? fallback : it->second;
   }
 
-  // --name as an integer in [min, max], or `fallback` when it was not given. UsageError
+  // --name as an integer in [min, max], or `fallback` when it was not given: decimal digits only
+  // (no sign, no space; every min is >= 0, so "+2" and "-0" are refused like "-1"). UsageError
   // "--layer: expected an integer in [0, 1000000], got 'x'" for anything else ("expected an
-  // integer >= 0" when max is kNoMax).
+  // integer >= 0" when max is kNoMax); the value is echoed as echoed_value() gives it.
   long long integer_or(const std::string& name, long long fallback, long long min,
                        long long max) const {
     const auto it = values_.find(name);
@@ -57,23 +58,27 @@ class Flags {
     const std::string range = max == kNoMax ? " >= " + std::to_string(min)
                                             : " in [" + std::to_string(min) + ", " +
                                                   std::to_string(max) + "]";
-    const std::string expected = "--" + name + ": expected an integer" + range + ", got '" + text + "'";
+    const std::string expected =
+        "--" + name + ": expected an integer" + range + ", got '" + echoed_value(text) + "'";
+    if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+      throw UsageError(expected);
     errno = 0;
-    char* end = nullptr;
-    const long long value = std::strtoll(text.c_str(), &end, 10);
-    const bool whole = end != text.c_str() && *end == '\0' && text.find_first_of(" \t") == std::string::npos;
-    if (!whole || errno == ERANGE || value < min || value > max) throw UsageError(expected);
+    const long long value = std::strtoll(text.c_str(), nullptr, 10);
+    if (errno == ERANGE || value < min || value > max) throw UsageError(expected);
     return value;
   }
 
   // --name as a comma-separated list of integers >= 0 ("3,0,7"), or nothing when it was not
   // given. UsageError "--lengths: expected comma-separated integers >= 0, got '3,,4'" for anything
-  // else: an empty item, a sign, a space, any other character, a value too large for long long.
+  // else: an empty item, a sign, a space, any other character, a value too large for long long
+  // (the value echoed as echoed_value() gives it). An empty list cannot be given: parse_flags
+  // refuses an empty value (so for B = 0 the flag must be left out).
   std::optional<std::vector<long long>> count_list(const std::string& name) const {
     const auto it = values_.find(name);
     if (it == values_.end()) return std::nullopt;
     const std::string& text = it->second;
-    const UsageError bad("--" + name + ": expected comma-separated integers >= 0, got '" + text + "'");
+    const UsageError bad("--" + name + ": expected comma-separated integers >= 0, got '" +
+                         echoed_value(text) + "'");
     std::vector<long long> counts;
     std::size_t begin = 0;
     for (;;) {
@@ -87,6 +92,13 @@ class Flags {
       if (end == text.size()) return counts;
       begin = end + 1;
     }
+  }
+
+  // A flag's value as error messages echo it: at most kEchoMax characters, longer ones cut to
+  // their first kEchoMax - 3 followed by "...".
+  static constexpr std::size_t kEchoMax = 80;
+  static std::string echoed_value(const std::string& text) {
+    return text.size() <= kEchoMax ? text : text.substr(0, kEchoMax - 3) + "...";
   }
 
   // Records --name=value; UsageError if --name was already given.

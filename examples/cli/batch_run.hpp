@@ -6,16 +6,19 @@
 //                   runs it: a first step of min(N, l_b) tokens per sequence, then one token per
 //                   unfinished sequence per step
 //   batch_probs     probs [B * n_head * T, T] = [B, n_head, T, T]: each sequence's real rows alone
-//                   through the single-sequence forward (the batched API gives no probabilities)
+//                   through the single-sequence forward, without a cache (the batched API gives no
+//                   probabilities), its maps written straight into its block (head_maps.hpp)
 //
 // Padded rows of out, and padded rows and columns of probs, are exactly 0; padded input rows are
 // never read (they may hold anything, NaN included).
 #pragma once
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "gpt2/attention.hpp"
+#include "head_maps.hpp"
 
 namespace gpt2::cli {
 
@@ -29,16 +32,17 @@ void batch_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
 // Step 0 reads x and writes out in place: sequence b's first min(prefill, l_b) real rows, the
 // rest of out zeroed by the library. Each later step gathers the next token of every unfinished
 // sequence into x_step [B, C] (T_step = 1; a finished sequence has length 0) and scatters out_step
-// [B, C] back. One cache of capacity T per sequence; caches, workspace and step buffers are
-// allocated once, before step 0.
+// [B, C] back. Sequence b's cache holds its l_b tokens (capacity l_b, not T); the workspace holds
+// the largest step (min(prefill, L) tokens, or 1) attending to up to L keys, L the longest
+// sequence. Caches, workspace and step buffers are allocated once, before step 0.
 template <class T>
 void batch_decode(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
                   const BatchLayout& layout, Index prefill, MatrixRef<T> out) {
-  const Index B = layout.batch(), T_ = layout.tokens(), C = w.n_embd();
+  const Index B = layout.batch(), C = w.n_embd(), L = layout.max_length();
   std::vector<KVCache<T>> caches;
   caches.reserve(static_cast<std::size_t>(B));
-  for (Index b = 0; b < B; ++b) caches.emplace_back(w.config(), T_);
-  Workspace<T> ws(w.config(), std::max(std::min(prefill, T_), std::min<Index>(T_, 1)), T_);
+  for (Index b = 0; b < B; ++b) caches.emplace_back(w.config(), layout.length(b));
+  Workspace<T> ws(w.config(), std::max(std::min(prefill, L), std::min<Index>(L, 1)), L);
   RowMatrix<T> x_step = RowMatrix<T>::Zero(B, C), out_step(B, C);
   BatchLayout step = BatchLayout::full(B, 1);
 
@@ -64,22 +68,28 @@ void batch_decode(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
   }
 }
 
+// Fills probs, which must already be [B * n_head * T, T] (the caller allocates it before anything
+// is computed): sequence b's maps are computed into the tail of its block of n_head * T * T values
+// and spread from there; a sequence of all T rows (start 0, length T) is computed in place. No
+// second copy of any map: the only scratch is the workspace and one sequence's discarded Y.
 template <class T>
-RowMatrix<T> batch_probs(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                         const BatchLayout& layout) {
+void batch_probs(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                 const BatchLayout& layout, RowMatrix<T>& probs) {
   const Index B = layout.batch(), T_ = layout.tokens(), n_head = w.n_head();
+  if (probs.rows() != B * n_head * T_ || probs.cols() != T_)
+    throw ShapeError("batch_probs: expected probs [" + std::to_string(B * n_head * T_) + ", " +
+                     std::to_string(T_) + "], got [" + std::to_string(probs.rows()) + ", " +
+                     std::to_string(probs.cols()) + "]");
   const Index max_length = layout.max_length();
-  RowMatrix<T> probs = RowMatrix<T>::Zero(B * n_head * T_, T_);
   Workspace<T> ws(w.config(), max_length);
-  RowMatrix<T> out_b(max_length, w.n_embd()), probs_b(n_head * max_length, max_length);
+  RowMatrix<T> out_b(max_length, w.n_embd());
   for (Index b = 0; b < B; ++b) {
     const Index l = layout.length(b), s = layout.start(b);
-    Eigen::Map<RowMatrix<T>> p(probs_b.data(), n_head * l, l);  // contiguous [n_head, l, l]
-    attention_forward<T>(w, x.middleRows(layout.first_row(b), l), ws, out_b.topRows(l), p);
-    for (Index h = 0; h < n_head; ++h)
-      probs.block((b * n_head + h) * T_ + s, s, l, l) = p.middleRows(h * l, l);
+    T* block = probs.data() + b * n_head * T_ * T_;
+    attention_forward<T>(w, x.middleRows(layout.first_row(b), l), ws, out_b.topRows(l),
+                         maps_in_tail(block, n_head, T_, l));
+    spread_maps(block, n_head, T_, s, l);
   }
-  return probs;
 }
 
 }  // namespace gpt2::cli

@@ -5,44 +5,62 @@
 //   over x up to rounding (bitwise when N >= T: one chunk).
 //
 // Chunk c covers positions n_past .. n_past + T_c - 1 and gives probs [n_head * T_c, n_past + T_c]
-// (row i: keys 0 .. n_past + i, exact zeros after them); head h's rows go to rows
-// h*T + n_past .. of the full map, whose other entries are 0.
+// (row i: keys 0 .. n_past + i, exact zeros after them); head h's rows belong at rows
+// h*T + n_past .. of the full map, whose other entries are 0. Every chunk's map is written into
+// the full map itself, never into a second buffer:
+//   - the first chunk (n_past = 0, T_c = min(N, T)) into the full map's tail, then moved to its
+//     place (head_maps.hpp); with N >= T it fills the map and is written in place;
+//   - a one-token chunk's n_head rows are rows h*T + n_past of the full map: evenly spaced
+//     (T * T apart), so they are one strided view of it.
 #pragma once
 
 #include <algorithm>
+#include <string>
 
 #include "gpt2/attention.hpp"
+#include "head_maps.hpp"
 
 namespace gpt2::cli {
 
 // Runs x through one KVCache of capacity T, chunks of prefill tokens then 1, 1, ...; writes every
-// row of out, and of probs when it is not null (resized to [n_head * T, T]). The cache, the
-// workspace and the chunk's probability buffer are allocated once, before the first chunk.
+// row of out, and every value of probs when it is not null. probs must already be [n_head * T, T]
+// (the caller allocates it before anything is computed). The cache and the workspace are
+// allocated once, before the first chunk.
 template <class T>
 void prefill_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, Index prefill,
                      MatrixRef<T> out, RowMatrix<T>* probs) {
   const Index T_ = x.rows(), n_head = w.n_head();
+  if (probs && (probs->rows() != n_head * T_ || probs->cols() != T_))
+    throw ShapeError("prefill_forward: expected probs [" + std::to_string(n_head * T_) + ", " +
+                     std::to_string(T_) + "], got [" + std::to_string(probs->rows()) + ", " +
+                     std::to_string(probs->cols()) + "]");
   const Index first = std::min(prefill, T_);
   const Index max_chunk = std::max(first, std::min<Index>(T_, 1));
   KVCache<T> cache(w.config(), T_);
   Workspace<T> ws(w.config(), max_chunk, T_);
-  RowMatrix<T> chunk_probs;  // [n_head * max_chunk, T]: room for the largest chunk's map
-  if (probs) {
-    probs->setZero(n_head * T_, T_);
-    chunk_probs.resize(n_head * max_chunk, T_);
+
+  Index n_past = 0;
+  if (first > 0) {
+    MatrixRef<T> out_c = out.topRows(first);
+    if (probs)
+      attention_forward<T>(w, x.topRows(first), cache, ws, out_c,
+                           maps_in_tail(probs->data(), n_head, T_, first));
+    else
+      attention_forward<T>(w, x.topRows(first), cache, ws, out_c);
+    n_past = first;
   }
-  for (Index n_past = 0; n_past < T_;) {
-    const Index T_c = n_past == 0 && first > 0 ? first : 1, n_keys = n_past + T_c;
-    MatrixRef<T> out_c = out.middleRows(n_past, T_c);
-    if (!probs) {
-      attention_forward<T>(w, x.middleRows(n_past, T_c), cache, ws, out_c);
+  if (probs) spread_maps(probs->data(), n_head, T_, 0, first);  // with first = 0: all zeros
+  for (; n_past < T_; ++n_past) {
+    MatrixRef<T> out_c = out.middleRows(n_past, 1);
+    if (probs) {
+      // Rows h*T + n_past, h = 0 .. n_head - 1, keys 0 .. n_past: the later keys stay 0.
+      Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>> p(probs->data() + n_past * T_, n_head,
+                                                           n_past + 1,
+                                                           Eigen::OuterStride<>(T_ * T_));
+      attention_forward<T>(w, x.middleRows(n_past, 1), cache, ws, out_c, p);
     } else {
-      Eigen::Map<RowMatrix<T>> p(chunk_probs.data(), n_head * T_c, n_keys);  // contiguous
-      attention_forward<T>(w, x.middleRows(n_past, T_c), cache, ws, out_c, p);
-      for (Index h = 0; h < n_head; ++h)
-        probs->block(h * T_ + n_past, 0, T_c, n_keys) = p.middleRows(h * T_c, T_c);
+      attention_forward<T>(w, x.middleRows(n_past, 1), cache, ws, out_c);
     }
-    n_past += T_c;
   }
 }
 

@@ -10,6 +10,8 @@
 // Everything is read, checked and computed in memory first; the files are written last, all or
 // nothing (output_files.hpp). So --output may name the --input file; no output may name the
 // --weights file, and --probs may name neither the input nor --output (checked up front).
+// An empty input (B * T == 0) costs nothing beyond reading its header; the probabilities are
+// allocated before anything is computed and held once (see compute_run).
 #pragma once
 
 #include <cstdint>
@@ -114,46 +116,55 @@ safetensors::LoadedAttention<T> load_layer(const safetensors::File& file, int la
 // The results of one run, all in memory, with the shapes they are written with.
 template <class T>
 struct RunResult {
-  RowMatrix<T> out;    // [T, C] or [B * T, C]
-  RowMatrix<T> probs;  // [n_head * T, T] or [B * n_head * T, T]; empty when not requested
+  RowMatrix<T> out;    // [T, C] or [B * T, C]; left empty (0 x 0) when B * T == 0
+  RowMatrix<T> probs;  // [n_head * T, T] or [B * n_head * T, T]; left empty when not requested or
+                       // when B * T == 0
   std::vector<std::int64_t> out_shape, probs_shape;  // [T, C] or [B, T, C]; [n_head, T, T] or
                                                      // [B, n_head, T, T]
 };
 
 // Loads, reads and computes everything `o` asks for, in precision T. Writes nothing.
+//
+// Resources: when B * T == 0 (an empty sequence or batch, whatever the other dimension: a
+// header-only file) the flags are checked against B and T and nothing is allocated or computed:
+// Y and P are written from their shapes alone. Otherwise P ([B, n_head, T, T], the largest
+// buffer) is allocated first, before Y and before any computation, so that a P too large for
+// memory fails at once (std::bad_alloc: "out of memory", exit 1; see main.cpp), not after the
+// long computation of Y.
 template <class T>
 RunResult<T> compute_run(const RunOptions& o) {
   const safetensors::File file = open_weights(o.weights);
   const safetensors::LoadedAttention<T> loaded = load_layer<T>(file, o.layer, o.n_head);
   const AttentionWeights<T>& w = loaded.weights();
   const RunInput<T> input = read_input<T>(o.input, w.n_embd());
-  const BatchLayout layout = input_layout(input.shape, o.starts, o.lengths);
+  const std::optional<BatchLayout> layout = input_layout(input.shape, o.starts, o.lengths);
 
-  const Index n_head = w.n_head(), T_ = input.tokens();
+  const Index n_head = w.n_head(), B = input.batch(), T_ = input.tokens();
   RunResult<T> r;
-  r.out.resize(input.x.rows(), w.n_embd());
   r.out_shape = input.shape;
+  r.probs_shape = input.batched() ? std::vector<std::int64_t>{B, n_head, T_, T_}
+                                  : std::vector<std::int64_t>{n_head, T_, T_};
+  if (input.x.rows() == 0) return r;  // B * T == 0: empty Y and P, nothing to compute
+
   RowMatrix<T>* probs = o.probs.empty() ? nullptr : &r.probs;
+  if (probs) probs->resize(B * n_head * T_, T_);  // first: see above
+  r.out.resize(input.x.rows(), w.n_embd());
   if (!input.batched()) {
-    r.probs_shape = {n_head, T_, T_};
     if (o.prefill) {
       prefill_forward<T>(w, input.x, *o.prefill, r.out, probs);
     } else {
       Workspace<T> ws(w.config(), T_);
-      if (probs) {
-        probs->resize(n_head * T_, T_);
+      if (probs)
         attention_forward<T>(w, input.x, ws, r.out, *probs);
-      } else {
+      else
         attention_forward<T>(w, input.x, ws, r.out);
-      }
     }
   } else {
-    r.probs_shape = {input.batch(), n_head, T_, T_};
     if (o.prefill)
-      batch_decode<T>(w, input.x, layout, *o.prefill, r.out);
+      batch_decode<T>(w, input.x, *layout, *o.prefill, r.out);
     else
-      batch_forward<T>(w, input.x, layout, r.out);
-    if (probs) *probs = batch_probs<T>(w, input.x, layout);
+      batch_forward<T>(w, input.x, *layout, r.out);
+    if (probs) batch_probs<T>(w, input.x, *layout, *probs);
   }
   return r;
 }

@@ -65,9 +65,13 @@ RunInput<T> read_input(const std::string& path, Index n_embd) {
 // The real rows of a batched input: --starts and --lengths checked against its shape.
 // ShapeError naming the flag, what was expected and what was got, when either was given for a
 // 2-D input, has a count other than B, or a value beyond T (a start) or T - start (a length).
-inline BatchLayout input_layout(const std::vector<std::int64_t>& shape,
-                                const std::optional<std::vector<long long>>& starts,
-                                const std::optional<std::vector<long long>>& lengths) {
+// Returns the layout of a 3-D input with B * T > 0; nothing for a 2-D input or an empty batch
+// (B = 0 or T = 0: nothing to compute). The checks allocate nothing sized by B or T (the lists are
+// only compared with them), so a tiny header-only file of shape [1e8, 0, C] costs nothing; the
+// layout (2 B indices) is built only when B * T > 0, where B * T * C values were read from the file.
+inline std::optional<BatchLayout> input_layout(const std::vector<std::int64_t>& shape,
+                                               const std::optional<std::vector<long long>>& starts,
+                                               const std::optional<std::vector<long long>>& lengths) {
   const std::string of_input = "input " + detail::shape_string(shape);
   const auto refuse_unless_batched = [&](const char* flag, bool given) {
     if (given && shape.size() != 3)
@@ -76,40 +80,46 @@ inline BatchLayout input_layout(const std::vector<std::int64_t>& shape,
   };
   refuse_unless_batched("--starts", starts.has_value());
   refuse_unless_batched("--lengths", lengths.has_value());
-  if (shape.size() != 3) return BatchLayout::full(1, static_cast<Index>(shape[0]));
+  if (shape.size() != 3) return std::nullopt;
 
   const Index B = static_cast<Index>(shape[0]), T_ = static_cast<Index>(shape[1]);
   const auto check_count = [&](const char* flag, const std::vector<long long>& values) {
-    if (static_cast<Index>(values.size()) != B)
+    if (values.size() != static_cast<std::size_t>(B))
       throw ShapeError(std::string(flag) + ": expected " + std::to_string(B) +
                        " values (one per sequence of " + of_input + "), got " +
                        std::to_string(values.size()));
   };
-  std::vector<Index> s(static_cast<std::size_t>(B), 0), l(static_cast<std::size_t>(B), T_);
+  // Sequence b's start (after the count check): --starts or 0.
+  const auto start_of = [&](std::size_t b) -> Index {
+    return starts ? static_cast<Index>((*starts)[b]) : 0;
+  };
   if (starts) {
     check_count("--starts", *starts);
-    for (std::size_t b = 0; b < s.size(); ++b) {
+    for (std::size_t b = 0; b < starts->size(); ++b)
       if ((*starts)[b] > T_)
         throw ShapeError("--starts: expected sequence " + std::to_string(b) + "'s start in [0, " +
                          std::to_string(T_) + "] (T of " + of_input + "), got " +
                          std::to_string((*starts)[b]));
-      s[b] = static_cast<Index>((*starts)[b]);
-      l[b] = T_ - s[b];
-    }
   }
   if (lengths) {
     check_count("--lengths", *lengths);
-    for (std::size_t b = 0; b < l.size(); ++b) {
-      const Index max = T_ - s[b];
+    for (std::size_t b = 0; b < lengths->size(); ++b) {
+      const Index s = start_of(b), max = T_ - s;
       if ((*lengths)[b] > max)
         throw ShapeError("--lengths: expected sequence " + std::to_string(b) + "'s length in [0, " +
                          std::to_string(max) + "] (" +
-                         (starts ? "T - start = " + std::to_string(T_) + " - " + std::to_string(s[b]) +
+                         (starts ? "T - start = " + std::to_string(T_) + " - " + std::to_string(s) +
                                        "; " + of_input
                                  : "T of " + of_input) +
                          "), got " + std::to_string((*lengths)[b]));
-      l[b] = static_cast<Index>((*lengths)[b]);
     }
+  }
+  if (B == 0 || T_ == 0) return std::nullopt;
+
+  std::vector<Index> s(static_cast<std::size_t>(B)), l(static_cast<std::size_t>(B));
+  for (std::size_t b = 0; b < s.size(); ++b) {
+    s[b] = start_of(b);
+    l[b] = lengths ? static_cast<Index>((*lengths)[b]) : T_ - s[b];
   }
   return BatchLayout(T_, std::move(s), std::move(l));
 }
