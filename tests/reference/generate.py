@@ -415,6 +415,17 @@ def real_inputs(spec, weights):
     return x64, w64, x32, w32
 
 
+def _provenance(spec, weights_sha256):
+    """Where a case's inputs come from: the checkpoint (source + weights_sha256) or the generator
+    (seed + scale_* keys), in that order."""
+    if spec.get("real"):
+        return {"source": "gpt2-small layer 0, x = ln_1(wpe[:T])", "weights_sha256": weights_sha256}
+    meta = {"seed": str(spec["seed"])}
+    for key, value in spec["scales"].items():
+        meta["scale_" + key] = repr(float(value))
+    return meta
+
+
 def run_case(spec, weights, weights_sha256):
     C, n_head, T = spec["C"], spec["n_head"], spec["T"]
     rows = spec.get("rows", list(range(T)))
@@ -462,13 +473,7 @@ def run_case(spec, weights, weights_sha256):
     max_abs_logit = float(ref["raw_logits"].abs().masked_fill(~causal, 0.0).max())
 
     meta = {"case": spec["case"], "n_embd": str(C), "n_head": str(n_head), "T": str(T)}
-    if spec.get("real"):
-        meta["source"] = "gpt2-small layer 0, x = ln_1(wpe[:T])"
-        meta["weights_sha256"] = weights_sha256
-    else:
-        meta["seed"] = str(spec["seed"])
-        for key, value in spec["scales"].items():
-            meta["scale_" + key] = repr(float(value))
+    meta.update(_provenance(spec, weights_sha256))
     meta["rows"] = ",".join(str(r) for r in rows)
     meta["max_abs_logit"] = f"{max_abs_logit:.6g}"
     errs = {}
@@ -496,13 +501,7 @@ def _meta_head(spec, weights_sha256, shape):
     """case, kind, n_embd, n_head, the kind's shape keys, then seed + scales or source + weights_sha256."""
     meta = {"case": spec["case"], "kind": spec["kind"], "n_embd": str(spec["C"]), "n_head": str(spec["n_head"])}
     meta.update(shape)
-    if spec.get("real"):
-        meta["source"] = "gpt2-small layer 0, x = ln_1(wpe[:T])"
-        meta["weights_sha256"] = weights_sha256
-    else:
-        meta["seed"] = str(spec["seed"])
-        for key, value in spec["scales"].items():
-            meta["scale_" + key] = repr(float(value))
+    meta.update(_provenance(spec, weights_sha256))
     return meta
 
 
