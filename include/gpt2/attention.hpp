@@ -9,6 +9,7 @@
 //   attention_forward / attention: all of it, with reusable scratch         forward.hpp
 //   KVCache + attention_forward(w, x, cache, ws, out): prefill and decode   kv_cache.hpp, incremental.hpp
 //   BatchLayout + attention_forward(w, x, batch, ...): padded batches       batch.hpp
+//   set_num_threads / num_threads: OpenMP threads of the forwards           threads.hpp
 #pragma once
 
 #include "gpt2/batch.hpp"
@@ -22,6 +23,7 @@
 #include "gpt2/layer_norm.hpp"
 #include "gpt2/projection.hpp"
 #include "gpt2/qkv.hpp"
+#include "gpt2/threads.hpp"
 #include "gpt2/types.hpp"
 #include "gpt2/version.hpp"
 #include "gpt2/weights.hpp"
