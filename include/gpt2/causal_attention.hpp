@@ -56,6 +56,11 @@ class AttentionScratch {
 
   static constexpr Index kDeterministicDepth = Index(1) << 24;
 
+  // Bytes of the buffers held.
+  Index bytes() const {
+    return scores.size() * static_cast<Index>(sizeof(T)) + scores_gemm.bytes() + values_gemm.bytes();
+  }
+
   RowMatrix<T> scores;  // [kAttentionRowBlock, max_keys rounded up to kScoreRowAlign<T>]
   GemmScratch<T> scores_gemm;
   GemmScratch<T> values_gemm;

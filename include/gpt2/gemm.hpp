@@ -50,6 +50,13 @@ class GemmScratch {
 
   Blocking& blocking() { return *blocking_; }
 
+  // Bytes of the packing buffers held.
+  Index bytes() const {
+    if (!blocking_) return 0;
+    Blocking& b = *blocking_;
+    return (b.mc() * b.kc() + b.kc() * b.nc()) * static_cast<Index>(sizeof(T));
+  }
+
  private:
   std::unique_ptr<Blocking> blocking_;
   Index max_m_ = 0, max_n_ = 0, max_k_ = 0;

@@ -89,6 +89,8 @@ class KVCache {
   const AttentionConfig& config() const { return config_; }
   Index capacity() const { return capacity_; }
   Index n_past() const { return n_past_; }              // positions cached
+  // Bytes of the key and value storage (allocated in full by the constructor).
+  Index bytes() const { return (keys_.size() + values_.size()) * static_cast<Index>(sizeof(T)); }
   Index remaining() const { return capacity_ - n_past_; }  // positions that still fit
 
   // Forgets every position (keeps the storage).

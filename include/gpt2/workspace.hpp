@@ -61,6 +61,12 @@ class Workspace {
   Index capacity() const { return capacity_; }          // tokens per forward
   Index key_capacity() const { return key_capacity_; }  // positions attended to
 
+  // Bytes of all the buffers held (what a forward needs beyond its inputs, outputs and cache).
+  Index bytes() const {
+    return (qkv.size() + merged.size()) * static_cast<Index>(sizeof(T)) + attention.bytes() +
+           qkv_gemm.bytes() + proj_gemm.bytes();
+  }
+
   // Grows the buffers to hold max_tokens tokens attending to max_keys positions (default
   // max_tokens). Allocates only when one of them is above the current capacity.
   // Strong guarantee: everything is allocated before anything is replaced, so if an allocation
