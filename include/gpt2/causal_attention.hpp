@@ -11,6 +11,7 @@
 // can see (the triangle is exploited; no T x T matrix unless the probabilities are requested).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -116,12 +117,46 @@ inline void check_attention_shapes(Index n_query, Index n_keys, Index head_dim, 
                      "), got " + std::to_string(n_keys));
 }
 
-// Shared body of the two public overloads; `probs` is null when not requested.
+// Rows [r0, r0 + nb) of one head (nb <= kAttentionRowBlock): the row tile's scores cover only
+// the keys its last row can see. Shapes as in causal_attention_head, already checked; scratch has
+// room for k.rows() keys. Writes out's rows r0 .. r0 + nb - 1 (and probs' when not null).
 template <class T>
-void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
-                           const ConstMatrixRef<T>& v, MatrixRef<T>& out, MatrixRef<T>* probs,
-                           AttentionScratch<T>& scratch) {
+void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
+                        const ConstMatrixRef<T>& v, Index r0, Index nb, MatrixRef<T>& out,
+                        MatrixRef<T>* probs, AttentionScratch<T>& scratch) {
   const Index T_ = q.rows(), head_dim = q.cols(), n_keys = k.rows(), n_past = n_keys - T_;
+  const Index n_visible = n_past + r0 + nb;  // keys seen by the tile's last row
+  const T scale = T(1) / std::sqrt(T(head_dim));
+  MatrixRef<T> att = scratch.scores.topLeftCorner(nb, n_visible);
+
+  // att = q_tile k_visible^T / sqrt(head_dim)
+  att.setZero();
+  gemm_accumulate<T>(scale, q.middleRows(r0, nb), k.topRows(n_visible), Op::Transpose, att,
+                     scratch.scores_gemm);
+  // causal softmax: row i sees keys 0 .. n_past + r0 + i
+  for (Index i = 0; i < nb; ++i) causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
+  // y_tile = att v_visible
+  MatrixRef<T> y = out.middleRows(r0, nb);
+  y.setZero();
+  gemm_accumulate<T>(T(1), att, v.topRows(n_visible), Op::None, y, scratch.values_gemm);
+
+  if (probs) {
+    probs->middleRows(r0, nb).leftCols(n_visible) = att;
+    probs->middleRows(r0, nb).rightCols(n_keys - n_visible).setZero();
+  }
+}
+
+// Row tiles of a head with n_query query rows.
+inline Index attention_row_tiles(Index n_query) {
+  return (n_query + kAttentionRowBlock - 1) / kAttentionRowBlock;
+}
+
+// Every check of one head's call: shapes and overlaps. probs is null when not requested.
+template <class T>
+void check_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
+                          const ConstMatrixRef<T>& v, const MatrixRef<T>& out,
+                          const MatrixRef<T>* probs) {
+  const Index T_ = q.rows(), head_dim = q.cols(), n_keys = k.rows();
   check_attention_shapes(T_, n_keys, head_dim, k.rows(), k.cols(), v.rows(), v.cols(),
                          out.rows(), out.cols());
   if (probs) check_shape("probs", {T_, n_keys}, {probs->rows(), probs->cols()});
@@ -130,31 +165,19 @@ void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& 
   if (probs && (overlaps(*probs, q) || overlaps(*probs, k) || overlaps(*probs, v) ||
                 overlaps(*probs, out)))
     throw ShapeError("probs: must not overlap q, k, v or out");
+}
+
+// Shared body of the two public overloads; `probs` is null when not requested.
+template <class T>
+void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
+                           const ConstMatrixRef<T>& v, MatrixRef<T>& out, MatrixRef<T>* probs,
+                           AttentionScratch<T>& scratch) {
+  check_attention_head<T>(q, k, v, out, probs);
+  const Index T_ = q.rows();
   if (T_ == 0) return;
-  scratch.reserve(n_keys, head_dim);
-  const T scale = T(1) / std::sqrt(T(head_dim));
-
-  for (Index r0 = 0; r0 < T_; r0 += kAttentionRowBlock) {
-    const Index nb = std::min(kAttentionRowBlock, T_ - r0);
-    const Index n_visible = n_past + r0 + nb;  // keys seen by the tile's last row
-    MatrixRef<T> att = scratch.scores.topLeftCorner(nb, n_visible);
-
-    // att = q_tile k_visible^T / sqrt(head_dim)
-    att.setZero();
-    gemm_accumulate<T>(scale, q.middleRows(r0, nb), k.topRows(n_visible), Op::Transpose, att,
-                       scratch.scores_gemm);
-    // causal softmax: row i sees keys 0 .. n_past + r0 + i
-    for (Index i = 0; i < nb; ++i) causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
-    // y_tile = att v_visible
-    MatrixRef<T> y = out.middleRows(r0, nb);
-    y.setZero();
-    gemm_accumulate<T>(T(1), att, v.topRows(n_visible), Op::None, y, scratch.values_gemm);
-
-    if (probs) {
-      probs->middleRows(r0, nb).leftCols(n_visible) = att;
-      probs->middleRows(r0, nb).rightCols(n_keys - n_visible).setZero();
-    }
-  }
+  scratch.reserve(k.rows(), q.cols());
+  for (Index r0 = 0; r0 < T_; r0 += kAttentionRowBlock)
+    attention_row_tile<T>(q, k, v, r0, std::min(kAttentionRowBlock, T_ - r0), out, probs, scratch);
 }
 
 }  // namespace detail

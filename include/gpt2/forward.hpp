@@ -1,12 +1,14 @@
 // The whole sublayer: qkv projection -> per-head causal attention -> merge -> output projection.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
 #include "gpt2/causal_attention.hpp"
 #include "gpt2/config.hpp"
 #include "gpt2/error.hpp"
+#include "gpt2/parallel.hpp"
 #include "gpt2/projection.hpp"
 #include "gpt2/qkv.hpp"
 #include "gpt2/types.hpp"
@@ -41,26 +43,74 @@ void check_workspace_overlap(const Workspace<T>& ws, Index T_new, const MatrixRe
     throw ShapeError("probs: must not overlap out or the workspace");
 }
 
+// Columns of a projection are handed to threads in multiples of this many.
+inline constexpr Index kProjectionColumnAlign = 64;
+
+// out[T, N] = x[T, K] @ weight[K, N] + bias[N], the columns split into n_threads parts that run
+// in parallel, part t in ws.threads[t].gemm (each column is computed the same way whatever the
+// split: the result does not depend on n_threads). out must not overlap x or weight.
+// PyTorch: torch.addmm(bias, x, weight)
+template <class T>
+void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& weight,
+                         const ConstVectorMap<T>& bias, MatrixRef<T>& out, Workspace<T>& ws,
+                         int n_threads) {
+  const Index N = weight.cols();
+  const Index parts = std::min<Index>(n_threads, ws.thread_capacity());
+  parallel_tasks(parts, static_cast<int>(parts), [&](Index part, int thread) {
+    const ColumnRange cols = column_part(N, part, parts, kProjectionColumnAlign);
+    if (cols.size() == 0) return;
+    MatrixRef<T> out_part = out.middleCols(cols.begin, cols.size());
+    out_part.rowwise() = bias.segment(cols.begin, cols.size());
+    gemm_accumulate<T>(T(1), x, weight.middleCols(cols.begin, cols.size()), Op::None, out_part,
+                       ws.threads[static_cast<std::size_t>(thread)].gemm);
+  });
+}
+
 // Steps 3 to 5 for the T new tokens whose projections are in qkv [T, 3C]: head h attends with
 // q_view(qkv, h) to keys_of(h), values_of(h) [n_keys, head_dim] (n_keys >= T; the last T of them
 // belong to the new tokens), the heads go to their slots of merged [T, C], then out [T, C] =
 // merged @ c_proj.weight + c_proj.bias. probs (or null) [n_head * T, n_keys].
+// The (head, row tile) pairs run in parallel on n_threads threads, the costliest tiles (the last
+// rows, which see the most keys) first; ws must have room for n_keys keys on n_threads threads.
 template <class T, class KeysOf, class ValuesOf>
 void attend_and_project(const AttentionWeights<T>& w, const ConstMatrixRef<T>& qkv,
                         const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
-                        MatrixRef<T>& merged, MatrixRef<T>& out, MatrixRef<T>* probs) {
+                        MatrixRef<T>& merged, MatrixRef<T>& out, MatrixRef<T>* probs,
+                        int n_threads) {
   const AttentionConfig& config = w.config();
-  const Index T_ = qkv.rows();
-  for (Index h = 0; h < config.n_head; ++h) {
+  const Index T_ = qkv.rows(), n_head = config.n_head;
+  for (Index h = 0; h < n_head; ++h) {  // every check before any thread starts
     MatrixRef<T> y = head_slot(merged, config, h);
-    if (probs)
-      causal_attention_head<T>(q_view(qkv, config, h), keys_of(h), values_of(h), y,
-                               probs->middleRows(h * T_, T_), ws.attention);
-    else
-      causal_attention_head<T>(q_view(qkv, config, h), keys_of(h), values_of(h), y,
-                               ws.attention);
+    if (probs) {
+      MatrixRef<T> p = probs->middleRows(h * T_, T_);
+      check_attention_head<T>(q_view(qkv, config, h), keys_of(h), values_of(h), y, &p);
+    } else {
+      check_attention_head<T>(q_view(qkv, config, h), keys_of(h), values_of(h), y, nullptr);
+    }
   }
-  output_projection<T>(w, merged, out, ws.proj_gemm);
+  const Index tiles = attention_row_tiles(T_);
+  parallel_tasks(n_head * tiles, n_threads, [&](Index task, int thread) {
+    const Index h = task % n_head, tile = tiles - 1 - task / n_head;
+    const Index r0 = tile * kAttentionRowBlock, nb = std::min(kAttentionRowBlock, T_ - r0);
+    MatrixRef<T> y = head_slot(merged, config, h);
+    AttentionScratch<T>& scratch = ws.threads[static_cast<std::size_t>(thread)].attention;
+    if (probs) {
+      MatrixRef<T> p = probs->middleRows(h * T_, T_);
+      attention_row_tile<T>(q_view(qkv, config, h), keys_of(h), values_of(h), r0, nb, y, &p,
+                            scratch);
+    } else {
+      attention_row_tile<T>(q_view(qkv, config, h), keys_of(h), values_of(h), r0, nb, y, nullptr,
+                            scratch);
+    }
+  });
+  const ConstMatrixRef<T> merged_read = merged;
+  projection_parallel<T>(merged_read, w.c_proj_weight(), w.c_proj_bias(), out, ws, n_threads);
+}
+
+// Threads a forward over T tokens uses: num_threads(), capped by the workspace's thread slots.
+template <class T>
+int forward_threads(const Workspace<T>& ws) {
+  return static_cast<int>(std::min<Index>(num_threads(), ws.thread_capacity()));
 }
 
 // Body shared by the two overloads; `probs` is null when not requested.
@@ -79,11 +129,13 @@ void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
   check_workspace_overlap<T>(ws, T_, out, probs);
   MatrixRef<T> qkv = ws.qkv.topRows(T_);
   MatrixRef<T> merged = ws.merged.topRows(T_);
-  qkv_projection<T>(w, x, qkv, ws.qkv_gemm);  // x is fully read here: out may alias x
+  const int n_threads = forward_threads(ws);
+  // x is fully read here: out may alias x
+  projection_parallel<T>(x, w.c_attn_weight(), w.c_attn_bias(), qkv, ws, n_threads);
   const ConstMatrixRef<T> qkv_read = qkv;
   attend_and_project<T>(
       w, qkv_read, [&](Index h) { return k_view(qkv_read, config, h); },
-      [&](Index h) { return v_view(qkv_read, config, h); }, ws, merged, out, probs);
+      [&](Index h) { return v_view(qkv_read, config, h); }, ws, merged, out, probs, n_threads);
 }
 
 }  // namespace detail

@@ -66,14 +66,16 @@ void run_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x
   if (T_new == 0) return;
   MatrixRef<T> qkv = ws.qkv.topRows(T_new);
   MatrixRef<T> merged = ws.merged.topRows(T_new);
-  qkv_projection<T>(w, x, qkv, ws.qkv_gemm);  // x is fully read here: out may alias x
+  const int n_threads = forward_threads(ws);
+  // x is fully read here: out may alias x
+  projection_parallel<T>(x, w.c_attn_weight(), w.c_attn_bias(), qkv, ws, n_threads);
   cache.append(qkv.middleCols(C, C), qkv.middleCols(2 * C, C));
   try {
     const ConstMatrixRef<T> qkv_read = qkv;
     const KVCache<T>& cached = cache;
     attend_and_project<T>(
         w, qkv_read, [&](Index h) { return cached.keys(h); },
-        [&](Index h) { return cached.values(h); }, ws, merged, out, probs);
+        [&](Index h) { return cached.values(h); }, ws, merged, out, probs, n_threads);
   } catch (...) {
     cache.truncate(n_past);
     throw;

@@ -5,24 +5,37 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "gpt2/causal_attention.hpp"
 #include "gpt2/config.hpp"
 #include "gpt2/gemm.hpp"
+#include "gpt2/threads.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
 
-// Owns: qkv [capacity, 3C], merged [capacity, C], the attention score tile and the GEMM packing
-// buffers. Not thread-safe: give each thread its own Workspace (weights can be shared).
+// The scratch one thread of a forward works in: an attention score tile with its packing
+// buffers, and the packing buffers of its share of the projections.
+template <class T>
+struct ThreadScratch {
+  AttentionScratch<T> attention;
+  GemmScratch<T> gemm;
+
+  Index bytes() const { return attention.bytes() + gemm.bytes(); }
+};
+
+// Owns: qkv [capacity, 3C], merged [capacity, C] and one ThreadScratch per thread a forward may
+// use (see threads.hpp). A Workspace is used by one forward at a time: give each calling thread
+// its own (weights can be shared); the threads a forward starts itself work in their own slots.
 // The buffers are public so that the steps can be run one by one (and inspected); their sizes are
 // the Workspace's business: grow them with reserve(), never resize them directly.
 template <class T>
 class Workspace {
  public:
   // Room for forwards over up to max_tokens tokens that attend to up to max_keys positions (cached
-  // ones included; default max_tokens, enough without a KV cache). For decoding through a cache:
-  // Workspace(config, 1, cache.capacity()).
+  // ones included; default max_tokens, enough without a KV cache), on up to num_threads() threads.
+  // For decoding through a cache: Workspace(config, 1, cache.capacity()).
   explicit Workspace(const AttentionConfig& config, Index max_tokens = 0, Index max_keys = -1)
       : config_(config) {
     config_.validate();
@@ -33,12 +46,12 @@ class Workspace {
   Workspace(Workspace&& other) noexcept
       : qkv(std::move(other.qkv)),
         merged(std::move(other.merged)),
-        attention(std::move(other.attention)),
-        qkv_gemm(std::move(other.qkv_gemm)),
-        proj_gemm(std::move(other.proj_gemm)),
+        threads(std::move(other.threads)),
         config_(other.config_),
         capacity_(std::exchange(other.capacity_, 0)),
-        key_capacity_(std::exchange(other.key_capacity_, 0)) {}
+        key_capacity_(std::exchange(other.key_capacity_, 0)) {
+    other.threads.clear();
+  }
   Workspace& operator=(Workspace&& other) noexcept {
     if (&other != this) {
       Workspace moved(std::move(other));
@@ -49,9 +62,7 @@ class Workspace {
   void swap(Workspace& other) noexcept {
     qkv.swap(other.qkv);
     merged.swap(other.merged);
-    std::swap(attention, other.attention);
-    std::swap(qkv_gemm, other.qkv_gemm);
-    std::swap(proj_gemm, other.proj_gemm);
+    threads.swap(other.threads);
     std::swap(config_, other.config_);
     std::swap(capacity_, other.capacity_);
     std::swap(key_capacity_, other.key_capacity_);
@@ -60,18 +71,21 @@ class Workspace {
   const AttentionConfig& config() const { return config_; }
   Index capacity() const { return capacity_; }          // tokens per forward
   Index key_capacity() const { return key_capacity_; }  // positions attended to
+  Index thread_capacity() const { return static_cast<Index>(threads.size()); }
 
   // Bytes of all the buffers held (what a forward needs beyond its inputs, outputs and cache).
   Index bytes() const {
-    return (qkv.size() + merged.size()) * static_cast<Index>(sizeof(T)) + attention.bytes() +
-           qkv_gemm.bytes() + proj_gemm.bytes();
+    Index total = (qkv.size() + merged.size()) * static_cast<Index>(sizeof(T));
+    for (const ThreadScratch<T>& t : threads) total += t.bytes();
+    return total;
   }
 
   // Grows the buffers to hold max_tokens tokens attending to max_keys positions (default
-  // max_tokens). Allocates only when one of them is above the current capacity.
+  // max_tokens) on n_threads threads (default num_threads()). Allocates only when one of them is
+  // above the current capacity.
   // Strong guarantee: everything is allocated before anything is replaced, so if an allocation
   // throws (std::bad_alloc) the workspace is unchanged and still usable.
-  void reserve(Index max_tokens, Index max_keys = -1) {
+  void reserve(Index max_tokens, Index max_keys = -1, int n_threads = num_threads()) {
     if (max_keys < -1)
       throw ShapeError("max_keys: expected a non-negative count (or -1: max_tokens), got " +
                        std::to_string(max_keys));
@@ -82,27 +96,31 @@ class Workspace {
     if (max_keys < max_tokens)
       throw ShapeError("max_keys: expected at least max_tokens (" + std::to_string(max_tokens) +
                        "), got " + std::to_string(max_keys));
-    if (max_tokens <= capacity_ && max_keys <= key_capacity_) return;
+    if (n_threads < 1)
+      throw ConfigError("threads: expected a count of at least 1, got " +
+                        std::to_string(n_threads));
+    const Index want_threads = std::max<Index>(n_threads, thread_capacity());
+    if (max_tokens <= capacity_ && max_keys <= key_capacity_ && want_threads == thread_capacity())
+      return;
     max_tokens = std::max(max_tokens, capacity_);
     max_keys = std::max(max_keys, key_capacity_);
     const Index C = config_.n_embd;
     RowMatrix<T> grown_qkv(max_tokens, 3 * C), grown_merged(max_tokens, C);
-    AttentionScratch<T> grown_attention(max_keys, config_.head_dim());
-    GemmScratch<T> grown_qkv_gemm(max_tokens, 3 * C, C), grown_proj_gemm(max_tokens, C, C);
+    std::vector<ThreadScratch<T>> grown_threads(static_cast<std::size_t>(want_threads));
+    for (ThreadScratch<T>& t : grown_threads) {
+      t.attention.reserve(max_keys, config_.head_dim());
+      t.gemm.reserve(max_tokens, 3 * C, C);  // the larger of the two projections
+    }
     qkv.swap(grown_qkv);
     merged.swap(grown_merged);
-    attention = std::move(grown_attention);
-    qkv_gemm = std::move(grown_qkv_gemm);
-    proj_gemm = std::move(grown_proj_gemm);
+    threads.swap(grown_threads);
     capacity_ = max_tokens;
     key_capacity_ = max_keys;
   }
 
   RowMatrix<T> qkv;     // [capacity, 3C]
   RowMatrix<T> merged;  // [capacity, C]
-  AttentionScratch<T> attention;
-  GemmScratch<T> qkv_gemm;
-  GemmScratch<T> proj_gemm;
+  std::vector<ThreadScratch<T>> threads;  // [thread_capacity]: thread t of a forward uses threads[t]
 
  private:
   AttentionConfig config_;

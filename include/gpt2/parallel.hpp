@@ -1,0 +1,73 @@
+// How the forwards spread work over threads (see threads.hpp): independent tasks handed out one
+// at a time, and column ranges of a product. Internal (namespace detail).
+//
+// Every task writes its own part of the output with the same arithmetic whichever thread runs it,
+// so results do not depend on the number of threads.
+#pragma once
+
+#include <algorithm>
+#include <exception>
+
+#include "gpt2/threads.hpp"
+#include "gpt2/types.hpp"
+
+namespace gpt2::detail {
+
+// f(task, thread) for every task in [0, n_tasks), on up to n_threads threads; `thread` is in
+// [0, n_threads) and no two tasks run at once with the same `thread`, so it can index per-thread
+// scratch. Tasks are handed out in increasing order, one at a time (put the longest first). If a
+// task throws, the tasks not yet started are skipped and the first exception is rethrown here once
+// every thread has stopped (an exception may not cross an OpenMP region).
+template <class F>
+void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
+  if (n_tasks <= 0) return;
+  const int threads = static_cast<int>(std::min<Index>(std::max(n_threads, 1), n_tasks));
+  if (threads == 1) {
+    for (Index task = 0; task < n_tasks; ++task) f(task, 0);
+    return;
+  }
+#ifdef _OPENMP
+  std::exception_ptr error;
+  bool failed = false;
+#pragma omp parallel num_threads(threads)
+  {
+    const int thread = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (Index task = 0; task < n_tasks; ++task) {
+      bool skip;
+#pragma omp atomic read
+      skip = failed;
+      if (skip) continue;
+      try {
+        f(task, thread);
+      } catch (...) {
+#pragma omp critical(gpt2_parallel_tasks_error)
+        if (!error) error = std::current_exception();
+#pragma omp atomic write
+        failed = true;
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+#else
+  for (Index task = 0; task < n_tasks; ++task) f(task, 0);
+#endif
+}
+
+// Columns [begin, end) of part `part` of n_parts near-equal parts of [0, n), with every boundary
+// but n a multiple of `align` (so each part starts where a vectorized loop over [0, n) would
+// have a packet boundary). Trailing parts may be empty.
+struct ColumnRange {
+  Index begin = 0, end = 0;
+  Index size() const { return end - begin; }
+};
+
+inline ColumnRange column_part(Index n, Index part, Index n_parts, Index align) {
+  const Index blocks = (n + align - 1) / align;  // blocks of `align` columns, the last short
+  const Index per = blocks / n_parts, extra = blocks % n_parts;
+  const Index first = part * per + std::min(part, extra);
+  const Index count = per + (part < extra ? 1 : 0);
+  return {std::min(n, first * align), std::min(n, (first + count) * align)};
+}
+
+}  // namespace gpt2::detail
