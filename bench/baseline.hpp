@@ -32,4 +32,28 @@ RowMatrix<T> baseline_attention(const AttentionWeights<T>& w, const RowMatrix<T>
   return out;
 }
 
+// One decode step the straightforward way: the new token's keys and values are written to row
+// n_past of K, V [capacity, C] (all heads side by side, as in qkv), then each head attends to rows
+// 0 .. n_past. x [1, C]; returns out [1, C]. Allocates freely.
+template <class T>
+RowMatrix<T> baseline_decode_step(const AttentionWeights<T>& w, const RowMatrix<T>& x,
+                                  RowMatrix<T>& K, RowMatrix<T>& V, Index n_past) {
+  const Index C = w.n_embd(), hd = w.head_dim(), n_keys = n_past + 1;
+  RowMatrix<T> qkv = x * w.c_attn_weight();
+  qkv += w.c_attn_bias();
+  K.row(n_past) = qkv.middleCols(C, C);
+  V.row(n_past) = qkv.middleCols(2 * C, C);
+  RowMatrix<T> merged(1, C);
+  for (Index h = 0; h < w.n_head(); ++h) {
+    RowMatrix<T> att = qkv.middleCols(h * hd, hd) * K.topRows(n_keys).middleCols(h * hd, hd).transpose();
+    att *= T(1) / std::sqrt(T(hd));
+    att = (att.array() - att.maxCoeff()).exp();
+    att /= att.sum();
+    merged.middleCols(h * hd, hd) = att * V.topRows(n_keys).middleCols(h * hd, hd);
+  }
+  RowMatrix<T> out = merged * w.c_proj_weight();
+  out += w.c_proj_bias();
+  return out;
+}
+
 }  // namespace gpt2::bench

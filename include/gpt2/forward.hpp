@@ -43,8 +43,11 @@ void check_workspace_overlap(const Workspace<T>& ws, Index T_new, const MatrixRe
     throw ShapeError("probs: must not overlap out or the workspace");
 }
 
-// Columns of a projection are handed to threads in multiples of this many.
-inline constexpr Index kProjectionColumnAlign = 64;
+// Columns of a projection are handed to threads in multiples of this many: a multiple of every
+// row panel Eigen's GEMM kernel uses (3 packets: 48 floats with AVX-512, 24 with AVX, 12 with
+// SSE), so each part is covered by full panels and every column of the output is computed by the
+// same kernel path, with the same sums, whatever the split.
+inline constexpr Index kProjectionColumnAlign = 192;
 
 // out[T, N] = x[T, K] @ weight[K, N] + bias[N], the columns split into n_threads parts that run
 // in parallel, part t in ws.threads[t].gemm (each column is computed the same way whatever the
@@ -66,18 +69,16 @@ void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& we
   });
 }
 
-// Steps 3 to 5 for the T new tokens whose projections are in qkv [T, 3C]: head h attends with
+// Steps 3 and 4 for the T new tokens whose projections are in qkv [T, 3C]: head h attends with
 // q_view(qkv, h) to keys_of(h), values_of(h) [n_keys, head_dim] (n_keys >= T; the last T of them
-// belong to the new tokens), the heads go to their slots of merged [T, C], then out [T, C] =
-// merged @ c_proj.weight + c_proj.bias. probs (or null) [n_head * T, n_keys].
-// The (head, row tile) pairs run in parallel on n_threads threads, the costliest tiles (the last
-// rows, which see the most keys) first; ws must have room for n_keys keys on n_threads threads.
+// belong to the new tokens) and writes its slot of merged [T, C]. probs (or null)
+// [n_head * T, n_keys]. The (head, row tile) pairs run in parallel on n_threads threads, the
+// costliest tiles (the last rows, which see the most keys) first; ws must have room for n_keys
+// keys on n_threads threads.
 template <class T, class KeysOf, class ValuesOf>
-void attend_and_project(const AttentionWeights<T>& w, const ConstMatrixRef<T>& qkv,
-                        const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
-                        MatrixRef<T>& merged, MatrixRef<T>& out, MatrixRef<T>* probs,
-                        int n_threads) {
-  const AttentionConfig& config = w.config();
+void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
+                  const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
+                  MatrixRef<T>& merged, MatrixRef<T>* probs, int n_threads) {
   const Index T_ = qkv.rows(), n_head = config.n_head;
   for (Index h = 0; h < n_head; ++h) {  // every check before any thread starts
     MatrixRef<T> y = head_slot(merged, config, h);
@@ -103,6 +104,15 @@ void attend_and_project(const AttentionWeights<T>& w, const ConstMatrixRef<T>& q
                             scratch);
     }
   });
+}
+
+// Steps 3 to 5: attend_heads, then out [T, C] = merged @ c_proj.weight + c_proj.bias.
+template <class T, class KeysOf, class ValuesOf>
+void attend_and_project(const AttentionWeights<T>& w, const ConstMatrixRef<T>& qkv,
+                        const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
+                        MatrixRef<T>& merged, MatrixRef<T>& out, MatrixRef<T>* probs,
+                        int n_threads) {
+  attend_heads<T>(w.config(), qkv, keys_of, values_of, ws, merged, probs, n_threads);
   const ConstMatrixRef<T> merged_read = merged;
   projection_parallel<T>(merged_read, w.c_proj_weight(), w.c_proj_bias(), out, ws, n_threads);
 }

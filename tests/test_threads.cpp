@@ -1,0 +1,219 @@
+// threads.hpp and parallel.hpp: the forwards give bitwise the same results on any number of threads,
+// the task runner runs every task once and carries exceptions out, and the workspace grows its
+// per-thread scratch when the thread count grows.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "gpt2/attention.hpp"
+#include "gpt2/parallel.hpp"
+#include "support/compare.hpp"
+#include "support/errors.hpp"
+#include "support/models.hpp"
+
+namespace {
+
+using gpt2::Index;
+using gpt2::RowMatrix;
+using gpt2::test::error_of;
+using gpt2::test::Model;
+using gpt2::test::random_input;
+using gpt2::test::random_model;
+
+// Restores the calling thread's thread count at the end of a test.
+class ThreadCount {
+ public:
+  ThreadCount() : saved_(gpt2::num_threads()) {}
+  ~ThreadCount() { gpt2::set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// The thread counts a test compares: 1, 2 and 3 (more threads than this 2-core machine has, and
+// an odd split of the columns) with OpenMP; 1 only without it.
+std::vector<int> thread_counts() {
+  if (!gpt2::kHasOpenMP) return {1};
+  return {1, 2, 3};
+}
+
+template <class T>
+class ThreadsTest : public ::testing::Test {};
+TYPED_TEST_SUITE(ThreadsTest, gpt2::test::Scalars);
+
+// Plain forward with probabilities, on shapes with several row tiles, a column count that does
+// not split evenly and GPT-2 small's width.
+TYPED_TEST(ThreadsTest, PlainForwardIsBitwiseTheSameOnAnyThreadCount) {
+  using T = TypeParam;
+  const ThreadCount restore;
+  struct Case {
+    Index C, n_head, T;
+  };
+  for (const Case c : {Case{8, 2, 5}, Case{96, 3, 130}, Case{768, 12, 200}}) {
+    SCOPED_TRACE("C=" + std::to_string(c.C) + " T=" + std::to_string(c.T));
+    const Model<T> m = random_model<T>(c.C, c.n_head, 11);
+    const RowMatrix<T> x = random_input<T>(c.T, c.C, 12);
+    RowMatrix<T> first_out, first_probs;
+    for (const int n : thread_counts()) {
+      SCOPED_TRACE("threads " + std::to_string(n));
+      ASSERT_EQ(gpt2::set_num_threads(n), n);
+      gpt2::Workspace<T> ws(m.config);
+      RowMatrix<T> out(c.T, c.C), probs(c.n_head * c.T, c.T);
+      gpt2::attention_forward<T>(m.weights(), x, ws, out, probs);
+      EXPECT_GE(ws.thread_capacity(), n);
+      if (first_out.size() == 0) {
+        first_out = out;
+        first_probs = probs;
+        continue;
+      }
+      EXPECT_TRUE(out == first_out);
+      EXPECT_TRUE(probs == first_probs);
+    }
+  }
+}
+
+// Prefill then decode through a cache, and a batched decode: same bits on any thread count.
+TYPED_TEST(ThreadsTest, CachedAndBatchedForwardsAreBitwiseTheSameOnAnyThreadCount) {
+  using T = TypeParam;
+  const ThreadCount restore;
+  const Index C = 128, n_head = 4, T_ = 70, prompt = 66, B = 3;
+  const Model<T> m = random_model<T>(C, n_head, 13);
+  const RowMatrix<T> x = random_input<T>(T_, C, 14);
+  const RowMatrix<T> xb = random_input<T>(B, C, 15);
+  RowMatrix<T> first_out, first_batch;
+  for (const int n : thread_counts()) {
+    SCOPED_TRACE("threads " + std::to_string(n));
+    gpt2::set_num_threads(n);
+    gpt2::KVCache<T> cache(m.config, T_);
+    gpt2::Workspace<T> ws(m.config);
+    RowMatrix<T> out(T_, C);
+    gpt2::attention_forward<T>(m.weights(), x.topRows(prompt), cache, ws, out.topRows(prompt));
+    for (Index t = prompt; t < T_; ++t)
+      gpt2::attention_forward<T>(m.weights(), x.row(t), cache, ws, out.row(t));
+
+    std::vector<gpt2::KVCache<T>> caches;
+    for (Index b = 0; b < B; ++b) {
+      caches.emplace_back(m.config, 8);
+      const RowMatrix<T> past = random_input<T>(b + 1, C, 20 + static_cast<unsigned>(b));
+      RowMatrix<T> ignored(b + 1, C);
+      gpt2::attention_forward<T>(m.weights(), past, caches.back(), ws, ignored);
+    }
+    RowMatrix<T> batch_out(B, C);
+    gpt2::attention_forward<T>(m.weights(), xb, gpt2::BatchLayout::full(B, 1), caches, ws, batch_out);
+
+    if (first_out.size() == 0) {
+      first_out = out;
+      first_batch = batch_out;
+      continue;
+    }
+    EXPECT_TRUE(out == first_out);
+    EXPECT_TRUE(batch_out == first_batch);
+  }
+}
+
+// A forward called from inside an OpenMP parallel region runs on its caller's thread only, and
+// still gives the same bits.
+TEST(Threads, ForwardInsideAParallelRegionRunsOnOneThread) {
+  const Model<float> m = random_model<float>(64, 4, 16);
+  const RowMatrix<float> x = random_input<float>(100, 64, 17);
+  const RowMatrix<float> expected = gpt2::attention(m.weights(), x);
+  std::vector<RowMatrix<float>> outs(2);
+  std::vector<int> counts(2, -1);
+#ifdef _OPENMP
+#pragma omp parallel num_threads(2)
+#endif
+  {
+#ifdef _OPENMP
+    const int id = omp_get_thread_num();
+#else
+    const int id = 0;
+#endif
+    if (id < 2) {
+      counts[static_cast<std::size_t>(id)] = gpt2::num_threads();
+      outs[static_cast<std::size_t>(id)] = gpt2::attention(m.weights(), x);
+    }
+  }
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    if (counts[i] == -1) continue;  // without OpenMP only thread 0 ran
+    EXPECT_EQ(counts[i], 1);
+    EXPECT_TRUE(outs[i] == expected);
+  }
+}
+
+TEST(Threads, SetNumThreadsRejectsZeroAndNegativeCounts) {
+  const ThreadCount restore;
+  EXPECT_EQ(error_of<gpt2::ConfigError>([] { gpt2::set_num_threads(0); }),
+            "threads: expected a count of at least 1, got 0");
+  EXPECT_EQ(error_of<gpt2::ConfigError>([] { gpt2::set_num_threads(-3); }),
+            "threads: expected a count of at least 1, got -3");
+  EXPECT_EQ(gpt2::set_num_threads(1), 1);
+  EXPECT_EQ(gpt2::num_threads(), 1);
+}
+
+TEST(Threads, WorkspaceGrowsItsThreadSlotsWithTheThreadCount) {
+  if (!gpt2::kHasOpenMP) GTEST_SKIP() << "built without OpenMP";
+  const ThreadCount restore;
+  const Model<float> m = random_model<float>(64, 4, 18);
+  const RowMatrix<float> x = random_input<float>(10, 64, 19);
+  RowMatrix<float> out(10, 64);
+  gpt2::set_num_threads(1);
+  gpt2::Workspace<float> ws(m.config, 10);
+  EXPECT_EQ(ws.thread_capacity(), 1);
+  gpt2::set_num_threads(3);
+  gpt2::attention_forward<float>(m.weights(), x, ws, out);
+  EXPECT_EQ(ws.thread_capacity(), 3);
+  EXPECT_EQ(ws.capacity(), 10);
+  gpt2::set_num_threads(2);  // fewer threads: the slots stay
+  gpt2::attention_forward<float>(m.weights(), x, ws, out);
+  EXPECT_EQ(ws.thread_capacity(), 3);
+  EXPECT_EQ(error_of<gpt2::ConfigError>([&] { ws.reserve(10, 10, 0); }),
+            "threads: expected a count of at least 1, got 0");
+}
+
+TEST(ParallelTasks, RunsEveryTaskOnceWithThreadIndicesInRange) {
+  for (const int n_threads : {1, 2, 4}) {
+    for (const Index n_tasks : {Index(0), Index(1), Index(3), Index(100)}) {
+      std::vector<std::atomic<int>> runs(static_cast<std::size_t>(n_tasks));
+      std::atomic<int> bad_thread{0};
+      gpt2::detail::parallel_tasks(n_tasks, n_threads, [&](Index task, int thread) {
+        runs[static_cast<std::size_t>(task)]++;
+        if (thread < 0 || thread >= n_threads) bad_thread++;
+      });
+      for (Index t = 0; t < n_tasks; ++t) EXPECT_EQ(runs[static_cast<std::size_t>(t)], 1);
+      EXPECT_EQ(bad_thread, 0);
+    }
+  }
+}
+
+TEST(ParallelTasks, RethrowsTheFirstExceptionAfterAllThreadsStop) {
+  for (const int n_threads : {1, 2}) {
+    std::atomic<int> started{0};
+    EXPECT_THROW(gpt2::detail::parallel_tasks(1000, n_threads,
+                                              [&](Index task, int) {
+                                                started++;
+                                                if (task == 3) throw std::runtime_error("task 3");
+                                              }),
+                 std::runtime_error);
+    EXPECT_LT(started, 1000) << "tasks after the failure should be skipped";
+  }
+}
+
+TEST(ColumnPart, CoversTheRangeWithAlignedBoundaries) {
+  for (const Index n : {Index(0), Index(1), Index(24), Index(768), Index(2304), Index(1000)})
+    for (const Index parts : {Index(1), Index(2), Index(3), Index(7)}) {
+      Index next = 0;
+      for (Index p = 0; p < parts; ++p) {
+        const gpt2::detail::ColumnRange r = gpt2::detail::column_part(n, p, parts, 64);
+        EXPECT_EQ(r.begin, next) << "n " << n << " parts " << parts << " part " << p;
+        EXPECT_TRUE(r.begin % 64 == 0 || r.begin == n);
+        EXPECT_GE(r.size(), 0);
+        next = r.end;
+      }
+      EXPECT_EQ(next, n);
+    }
+}
+
+}  // namespace
