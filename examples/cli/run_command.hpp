@@ -144,7 +144,7 @@ struct RunResult {
                        // nor --png asks for it, or when B * T == 0
   std::vector<std::int64_t> out_shape, probs_shape;  // [T, C] or [B, T, C]; [n_head, T, T] or
                                                      // [B, n_head, T, T]
-  std::vector<Span> spans;  // each sequence's real tokens (one span 0 .. T-1 for a 2-D input)
+  std::vector<Span> spans;  // with --png: each sequence's real tokens (0 .. T-1 for a 2-D input)
   bool batched = false;     // a 3-D input
 };
 
@@ -170,14 +170,15 @@ RunResult<T> compute_run(const RunOptions& o) {
   r.probs_shape = input.batched() ? std::vector<std::int64_t>{B, n_head, T_, T_}
                                   : std::vector<std::int64_t>{n_head, T_, T_};
   r.batched = input.batched();
-  for (Index b = 0; b < B; ++b)
-    r.spans.push_back(layout ? Span{layout->start(b), layout->length(b)} : Span{0, T_});
   if (input.x.rows() == 0) {  // B * T == 0: empty Y and P, nothing to compute
     if (!o.png.empty())
       throw Error("png " + o.png + ": the input " + detail::shape_string(input.shape) +
                   " has no tokens: nothing to draw");
     return r;
   }
+  if (!o.png.empty())
+    for (Index b = 0; b < B; ++b)
+      r.spans.push_back(layout ? Span{layout->start(b), layout->length(b)} : Span{0, T_});
 
   RowMatrix<T>* probs = o.probs.empty() && o.png.empty() ? nullptr : &r.probs;
   if (probs) probs->resize(B * n_head * T_, T_);  // first: see above
