@@ -4,8 +4,10 @@
 set -euo pipefail
 
 # python3-numpy: test_npy exchanges .npy files with numpy itself (that test is skipped without it).
+# libstb-dev: stb_image_write, the PNG writer of `gpt2-attention ... --png` (and stb_image, which
+# its tests decode the pictures with).
 packages=(libeigen3-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev cmake g++ ninja-build
-          python3-numpy)
+          python3-numpy libstb-dev)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <stb_image.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -26,6 +27,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -35,6 +37,7 @@
 #include "gpt2/attention.hpp"
 #include "gpt2/npy.hpp"
 #include "gpt2/safetensors.hpp"
+#include "attention_picture.hpp"  // examples/cli: where the picture puts each map, and its colours
 #include "support/compare.hpp"
 #include "support/tmpdir.hpp"
 
@@ -927,7 +930,8 @@ TEST_F(CliTest, HelpPrintsUsageToStdout) {
     for (const std::string flag : {"--prefill N", "--lengths l0,l1,...", "--starts s0,s1,...", "[B, T, C]",
                                    "[B, n_head, T, T]", "P is computed per sequence\n                   without the cache",
                                    "With B = 0,\n                   leave --lengths and --starts out",
-                                   "B = 0 or T = 0 gives empty outputs", "fails at once (out of memory)"})
+                                   "B = 0 or T = 0 gives empty outputs", "fails at once (out of memory)",
+                                   "--png FILE.png", "--png-scale linear|sqrt", "keys after the query grey"})
       EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
     EXPECT_EQ(r.err, "");
   }
@@ -1015,6 +1019,14 @@ std::vector<BadCase> bad_cases() {
       {run({{"--probs", "x.npy"}}), 2, {"--probs and --input name the same file"}},
       {run({{"--probs", "xlink.npy"}}), 2, {"--probs", "--input", "same file"}},
       {run({{"--probs", "hard.npy"}}), 2, {"--probs", "--input", "same file"}},
+      {run({{"--png", "x.npy"}}), 2, {"--png and --input name the same file"}},
+      {run({{"--png", "Y.npy"}}), 2, {"--output and --png name the same file"}},
+      {run({{"--png", "P.npy"}, {"--probs", "P.npy"}}), 2, {"--probs and --png name the same file"}},
+      {run({{"--png", "w.safetensors"}}), 2, {"--png and --weights name the same file"}},
+      {run({{"--png-scale", "sqrt"}}), 2, {"--png-scale needs --png"}},
+      {run({{"--png", "A.png"}, {"--png-scale", "log"}}), 2, {"--png-scale: expected linear or sqrt, got 'log'"}},
+      {{"demo", "--png", "A.png", "--png-scale", "cubic"}, 2, {"--png-scale", "'cubic'"}},
+      {{"demo", "--png-scale", "sqrt"}, 2, {"--png-scale needs --png"}},
       {{"demo", "--tokens", "0"}, 2, {"--tokens", "0"}},
       {{"demo", "--bogus", "1"}, 2, {"unknown flag", "--bogus"}},
       // The data are wrong: 1.
@@ -1063,6 +1075,12 @@ std::vector<BadCase> bad_cases() {
       {run({{"--input", "x3.npy"}, {"--starts", "1,0"}, {"--lengths", "3,3"}, {"--prefill", "1"}}), 1,
        {"--lengths", "[0, 2]", "T - start = 3 - 1", "got 3"}},
       {run({{"--output", "nodir/Y.npy"}}), 1, {"output", "nodir/Y.npy"}},
+      {run({{"--png", "nodir/A.png"}}), 1, {"png nodir/A.png: cannot create a temporary file", "No such file"}},
+      {run({{"--png", "x.npy/A.png"}, {"--probs", "P.npy"}}), 1, {"png x.npy/A.png", "Not a directory"}},
+      {run({{"--png", "adir"}}), 1, {"png adir: not a regular file (it is a directory)"}},
+      {run({{"--input", "x0.npy"}, {"--png", "A.png"}}), 1, {"png A.png: the input [0, 64] has no tokens: nothing to draw"}},
+      {{"demo", "--tokens", "8", "--png", "nodir/A.png"}, 1, {"png nodir/A.png", "No such file"}},
+      {{"demo", "--tokens", "8", "--png", "adir"}, 1, {"png adir: not a regular file (it is a directory)"}},
       {run({{"--probs", "nodir/P.npy"}}), 1, {"probs", "nodir/P.npy"}},
       {run({{"--probs", "adir"}}), 1, {"probs adir: not a regular file (it is a directory)"}},
       {run({{"--output", "fifo"}}), 1, {"output fifo: not a regular file (it is a FIFO)"}},
@@ -1092,6 +1110,7 @@ TEST_F(CliTest, BadInputFailsCleanly) {
                                    std::string(1, '\0') + dict + std::string(sizeof(float), '\0'));
   }
   gpt2::npy::write<float>(file("x60.npy"), RowMatrix<float>::Zero(5, 60));
+  gpt2::npy::write<float>(file("x0.npy"), RowMatrix<float>(0, kC));
   gpt2::npy::write<float>(file("x3c60.npy"), std::vector<float>(2 * 3 * 60).data(), {2, 3, 60});
   std::filesystem::create_directory(file("adir"));
   std::filesystem::create_symlink("Y.npy", file("ylink.npy"));  // dangling: Y.npy does not exist
@@ -1330,6 +1349,169 @@ TEST_F(CliTest, DemoOnACheckpoint) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// --png: the probabilities as a picture
+// ---------------------------------------------------------------------------------------------
+
+// A PNG file decoded by stb_image as 8-bit RGB; width 0 when it cannot be read.
+gpt2::cli::RgbImage read_png(const std::string& path) {
+  int width = 0, height = 0, channels = 0;
+  std::unique_ptr<unsigned char, void (*)(void*)> pixels(stbi_load(path.c_str(), &width, &height, &channels, 3),
+                                                          stbi_image_free);
+  if (!pixels) {
+    ADD_FAILURE() << path << ": " << stbi_failure_reason();
+    return {};
+  }
+  gpt2::cli::RgbImage image(width, height, gpt2::cli::kBlack);
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x) {
+      const unsigned char* p = pixels.get() + 3 * (static_cast<std::size_t>(y) * width + x);
+      image.set(x, y, {p[0], p[1], p[2]});
+    }
+  return image;
+}
+
+// Checks the picture `png` against the probabilities P [B * n_head * T, T] it shows: its size is
+// the layout's, and every pixel of every cell has the colour of its probability (or a grey).
+void expect_picture_of(const std::string& png, const RowMatrix<float>& probs, Index n_head, Index T,
+                       const std::vector<gpt2::cli::Span>& spans, bool batched,
+                       gpt2::cli::ColourScale scale = gpt2::cli::ColourScale::linear) {
+  const gpt2::cli::RgbImage image = read_png(png);
+  const Index B = static_cast<Index>(spans.size());
+  const gpt2::cli::PictureLayout layout(B, n_head, T, batched);
+  ASSERT_EQ(image.width(), layout.width());
+  ASSERT_EQ(image.height(), layout.height());
+  ASSERT_EQ(probs.rows(), B * n_head * T);
+  const int cell = layout.cell();
+  for (Index b = 0; b < B; ++b)
+    for (Index h = 0; h < n_head; ++h)
+      for (Index i = 0; i < T; ++i)
+        for (Index j = 0; j < T; ++j) {
+          const gpt2::cli::Rgb expected =
+              gpt2::cli::cell_colour(i, j, spans[static_cast<std::size_t>(b)],
+                                     static_cast<double>(probs((b * n_head + h) * T + i, j)), scale);
+          for (int d = 0; d < cell; ++d) {  // the cell's diagonal pixels
+            const gpt2::cli::Rgb got = image.at(layout.cells_x(b, h) + static_cast<int>(j) * cell + d,
+                                                layout.cells_y(b, h) + static_cast<int>(i) * cell + d);
+            ASSERT_TRUE(got == expected) << "b " << b << " h " << h << " cell (" << i << ", " << j << ")";
+          }
+        }
+}
+
+TEST_F(CliTest, RunPngShowsTheProbabilities) {
+  RowMatrix<float> expected;  // the library's probabilities
+  layer0.forward<float>(x, kHeads, &expected);
+  for (const std::string scale : {"linear", "sqrt"}) {
+    SCOPED_TRACE(scale);
+    const CliResult r = run_default({"--probs", "p.npy", "--png", scale + ".png", "--png-scale", scale});
+    EXPECT_SUCCESS(r);
+    EXPECT_EQ(r.out, "");
+    const std::vector<float> p = read_npy<float>(file("p.npy"), {kHeads, kT, kT});
+    ASSERT_EQ(p.size(), std::size_t(kHeads * kT * kT));
+    // The picture shows the very probabilities written to p.npy, which are the library's.
+    const RowMatrix<float> probs = Eigen::Map<const RowMatrix<float>>(p.data(), kHeads * kT, kT);
+    EXPECT_TRUE(gpt2::test::near(probs, expected, kFloatTol));
+    expect_picture_of(file(scale + ".png"), probs, kHeads, kT, {{0, kT}}, false,
+                      scale == "sqrt" ? gpt2::cli::ColourScale::sqrt : gpt2::cli::ColourScale::linear);
+  }
+  // Without --probs the picture alone is written, from the same probabilities: the same pixels.
+  EXPECT_SUCCESS(run_default({"--png", "alone.png"}));
+  const gpt2::cli::RgbImage alone = read_png(file("alone.png")), linear = read_png(file("linear.png"));
+  ASSERT_EQ(alone.width(), linear.width());
+  ASSERT_EQ(alone.height(), linear.height());
+  EXPECT_TRUE(std::equal(alone.data(), alone.data() + 3 * alone.width() * alone.height(), linear.data()));
+  const std::vector<std::string> files = {"alone.png", "linear.png", "p.npy", "sqrt.png", "w.safetensors",
+                                          "x.npy", "y.npy"};
+  EXPECT_EQ(dir.list(), files);
+}
+
+TEST_F(CliTest, RunPngInDoubleShowsTheDoubleProbabilities) {
+  EXPECT_SUCCESS(run_default({"--dtype", "f64", "--probs", "p.npy", "--png", "p.png", "--prefill", "4"}));
+  const std::vector<double> p = read_npy<double>(file("p.npy"), {kHeads, kT, kT});
+  ASSERT_EQ(p.size(), std::size_t(kHeads * kT * kT));
+  const gpt2::cli::RgbImage image = read_png(file("p.png"));
+  const gpt2::cli::PictureLayout layout(1, kHeads, kT, false);
+  ASSERT_EQ(image.width(), layout.width());
+  ASSERT_EQ(image.height(), layout.height());
+  for (Index h = 0; h < kHeads; ++h)
+    for (Index i = 0; i < kT; ++i)
+      for (Index j = 0; j < kT; ++j)
+        EXPECT_EQ(image.at(layout.cells_x(0, h) + static_cast<int>(j) * layout.cell(),
+                           layout.cells_y(0, h) + static_cast<int>(i) * layout.cell()),
+                  j > i ? gpt2::cli::kMasked
+                        : gpt2::cli::viridis(p[static_cast<std::size_t>((h * kT + i) * kT + j)]))
+            << "h " << h << " (" << i << ", " << j << ")";
+}
+
+TEST_F(CliBatchTest, PngStacksOneGridPerSequence) {
+  const std::vector<Index> starts = {0, 2, 0}, lengths = {kTb, 4, 0};
+  const CliResult r = run_batch({"--starts", csv(starts), "--lengths", csv(lengths), "--png", "pb.png"});
+  EXPECT_SUCCESS(r);
+  const RowMatrix<float> p = read_batch_probs<float>(file("pb.npy"));
+  ASSERT_EQ(p.rows(), kB * kHeads * kTb);
+  std::vector<gpt2::cli::Span> spans;
+  for (Index b = 0; b < kB; ++b) spans.push_back({starts[b], lengths[b]});
+  expect_picture_of(file("pb.png"), p, kHeads, kTb, spans, true);
+  // Sequence 1's padded first row is light grey, its real rows are coloured.
+  const gpt2::cli::RgbImage image = read_png(file("pb.png"));
+  const gpt2::cli::PictureLayout layout(kB, kHeads, kTb, true);
+  EXPECT_EQ(image.at(layout.cells_x(1, 0), layout.cells_y(1, 0)), gpt2::cli::kPadding);
+  EXPECT_EQ(image.at(layout.cells_x(1, 0) + 2 * layout.cell(), layout.cells_y(1, 0) + 2 * layout.cell()),
+            gpt2::cli::viridis(1.0)) << "a sequence's first real token attends only to itself";
+}
+
+TEST_F(CliTest, PngThatCannotBeWrittenLeavesNothingBehind) {
+  write_text(file("Y.npy"), "previous content");
+  // Staging fails for a missing directory and (as any user, root too) under a regular file.
+  for (const std::string png : {"nodir/A.png", "x.npy/A.png"}) {
+    SCOPED_TRACE(png);
+    const CliResult r = cli(run_with({{"--probs", "P.npy"}, {"--png", png}}));
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.err.rfind("gpt2-attention: png " + png + ": ", 0), 0u) << r.err;
+    EXPECT_EQ(read_text(file("Y.npy")), "previous content");
+    EXPECT_EQ(dir.list(), (std::vector<std::string>{"Y.npy", "w.safetensors", "x.npy"}));
+  }
+  // A directory without write permission (only meaningful when not root: root writes anyway).
+  std::filesystem::create_directory(file("ro"));
+  ASSERT_EQ(::chmod(file("ro").c_str(), 0555), 0);
+  if (::geteuid() != 0) {
+    const CliResult r = cli(run_with({{"--png", "ro/A.png"}}));
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.err.find("png ro/A.png: cannot create a temporary file"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("Permission denied"), std::string::npos) << r.err;
+    EXPECT_EQ(read_text(file("Y.npy")), "previous content");
+    EXPECT_TRUE(dir.list("ro").empty());
+  }
+  ::chmod(file("ro").c_str(), 0755);
+}
+
+TEST_F(CliTest, DemoPngShowsTheDesignedJobs) {
+  constexpr Index T = 16;
+  const CliResult r = cli({"demo", "--tokens", std::to_string(T), "--png", "demo.png"});
+  EXPECT_SUCCESS(r);
+  EXPECT_NE(r.out.find("picture: demo.png"), std::string::npos) << r.out;
+  ASSERT_EQ(head_rows(r.out).size(), 12u);
+  const gpt2::cli::RgbImage image = read_png(file("demo.png"));
+  const gpt2::cli::PictureLayout layout(1, 12, T, false);
+  ASSERT_EQ(image.width(), layout.width());
+  ASSERT_EQ(image.height(), layout.height());
+  // The embedded heads are sharp: 0 previous token, 1 first token, 2 the token itself. In row 10
+  // the one key they attend to is near yellow, the others near viridis(0); keys after it are grey.
+  const auto colour = [&](Index h, Index i, Index j) {
+    return image.at(layout.cells_x(0, h) + static_cast<int>(j) * layout.cell(),
+                    layout.cells_y(0, h) + static_cast<int>(i) * layout.cell());
+  };
+  const auto near = [](gpt2::cli::Rgb a, gpt2::cli::Rgb b) {
+    return std::abs(a.r - b.r) + std::abs(a.g - b.g) + std::abs(a.b - b.b) <= 30;
+  };
+  const gpt2::cli::Rgb one = gpt2::cli::viridis(1.0), zero = gpt2::cli::viridis(0.0);
+  for (const auto& [h, key] : {std::pair<Index, Index>{0, 9}, {1, 0}, {2, 10}}) {
+    SCOPED_TRACE("head " + std::to_string(h));
+    for (Index j = 0; j <= 10; ++j) EXPECT_TRUE(near(colour(h, 10, j), j == key ? one : zero)) << "key " << j;
+    EXPECT_EQ(colour(h, 10, 11), gpt2::cli::kMasked);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Real GPT-2 small layer 0 (optional)
 // ---------------------------------------------------------------------------------------------
 
@@ -1338,13 +1520,28 @@ TEST_F(CliTest, RealGpt2Layer0) {
   if (weights == nullptr || *weights == '\0')
     GTEST_SKIP() << "GPT2_SMALL_WEIGHTS not set: skipping the real GPT-2 weights test";
 
-  const CliResult demo = cli({"demo", "--weights", weights});
+  const CliResult demo = cli({"demo", "--weights", weights, "--png", "layer0.png"});
   EXPECT_SUCCESS(demo);
   const std::vector<HeadRow> rows = head_rows(demo.out);
   ASSERT_EQ(rows.size(), 12u) << demo.out;
   // Position alone drives some heads of layer 0: one attends to the first token, one to itself.
   EXPECT_EQ(std::count_if(rows.begin(), rows.end(), [](const HeadRow& h) { return h.job == "first-token"; }), 1);
   EXPECT_GE(std::count_if(rows.begin(), rows.end(), [](const HeadRow& h) { return h.job == "self"; }), 1);
+  {  // The picture of the first-token head: its key-0 column is brighter than the rest of its rows.
+    const gpt2::cli::RgbImage image = read_png(file("layer0.png"));
+    const gpt2::cli::PictureLayout layout(1, 12, 64, false);
+    ASSERT_EQ(image.width(), layout.width());
+    const auto first = std::find_if(rows.begin(), rows.end(), [](const HeadRow& h) { return h.job == "first-token"; });
+    ASSERT_NE(first, rows.end());
+    const Index h = first - rows.begin();
+    const auto luma = [&](Index i, Index j) {
+      const gpt2::cli::Rgb c = image.at(layout.cells_x(0, h) + static_cast<int>(j) * layout.cell(),
+                                        layout.cells_y(0, h) + static_cast<int>(i) * layout.cell());
+      return 0.299 * c.r + 0.587 * c.g + 0.114 * c.b;
+    };
+    for (Index i = 8; i < 64; i += 8)
+      for (Index j = 1; j <= i; j += 3) EXPECT_GT(luma(i, 0), luma(i, j) + 50) << "row " << i << " key " << j;
+  }
 
   // X = ln_1(wpe[:16]), built here with the library.
   constexpr Index T = 16, C = 768;

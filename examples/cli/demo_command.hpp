@@ -5,6 +5,10 @@
 //   --weights F:   layer L of a checkpoint on x = ln_1(wpe[:T]) [T, C] (position-only input)
 //
 // Per head: the statistics and job of head_analysis.hpp; then the median forward time and GFLOP/s.
+// --png FILE.png [--png-scale linear|sqrt]: the heads' [T, T] maps as one picture
+// (attention_picture.hpp), written (all or
+// nothing, output_files.hpp) before the report is printed: a picture that cannot be written is an
+// error (exit 1) with no report.
 #pragma once
 
 #include <algorithm>
@@ -17,15 +21,18 @@
 #include <vector>
 
 #include "args.hpp"
+#include "attention_picture.hpp"
 #include "demo_model.hpp"
 #include "gpt2/attention.hpp"
 #include "gpt2/safetensors.hpp"
 #include "head_analysis.hpp"
+#include "output_files.hpp"
 #include "run_command.hpp"
 
 namespace gpt2::cli {
 
-inline const std::vector<std::string> kDemoFlags = {"weights", "layer", "tokens", "n-head"};
+inline const std::vector<std::string> kDemoFlags = {"weights", "layer", "tokens", "n-head", "png",
+                                                    "png-scale"};
 
 inline constexpr Index kDemoDefaultTokens = 64;
 inline constexpr Index kDemoMaxTokens = 1024;  // GPT-2's context length
@@ -36,6 +43,8 @@ struct DemoOptions {
   int layer = 0;
   Index tokens = kDemoDefaultTokens;
   Index n_head = 0;  // 0: n_embd / 64
+  std::string png;   // empty: no picture
+  ColourScale png_scale = ColourScale::linear;
 };
 
 inline DemoOptions parse_demo_options(const Flags& flags) {
@@ -45,6 +54,10 @@ inline DemoOptions parse_demo_options(const Flags& flags) {
   o.tokens = static_cast<Index>(
       flags.integer_or("tokens", kDemoDefaultTokens, kFirstAnalysedRow + 1, kDemoMaxTokens));
   o.n_head = static_cast<Index>(flags.integer_or("n-head", 0, 1, 1000000));
+  o.png = flags.text_or("png", "");
+  o.png_scale = parse_png_scale(flags);
+  if (!o.png.empty() && !o.weights.empty())
+    check_not_same_file("png", o.png, "weights", o.weights);
   return o;
 }
 
@@ -108,12 +121,16 @@ inline RowMatrix<float> position_input(const safetensors::File& file, int layer,
 // Analysis and timing
 // ---------------------------------------------------------------------------------------------
 
-// Statistics of every head on x.   x [T, C] -> n_head HeadStats
-inline std::vector<HeadStats> analyse_heads(const AttentionWeights<float>& w,
-                                            const RowMatrix<float>& x) {
-  const Index T_ = x.rows(), n_head = w.n_head();
-  RowMatrix<float> probs;  // [n_head * T, T]
+// The attention maps of every head on x.   x [T, C] -> probs [n_head * T, T] (head h: rows h*T ..)
+inline RowMatrix<float> head_maps(const AttentionWeights<float>& w, const RowMatrix<float>& x) {
+  RowMatrix<float> probs;
   attention(w, x, probs);  // the output itself is not needed here
+  return probs;
+}
+
+// Statistics of every head.   probs [n_head * T, T] -> n_head HeadStats
+inline std::vector<HeadStats> analyse_heads(const RowMatrix<float>& probs, Index n_head) {
+  const Index T_ = probs.cols();
   std::vector<HeadStats> stats;
   for (Index h = 0; h < n_head; ++h)
     stats.push_back(head_stats<float>(probs.middleRows(h * T_, T_)));
@@ -236,17 +253,34 @@ inline void print_report(std::ostream& out, const DemoReport& r) {
   print_timing(out, r);
 }
 
-// Analyses and times w on x; prints the report.
+// Writes the maps probs [n_head * T, T] as the picture `path` (all or nothing).
+inline void write_demo_picture(const std::string& path, const RowMatrix<float>& probs, Index n_head,
+                               ColourScale scale) {
+  std::vector<unsigned char> png;
+  try {
+    png = encode_png(attention_picture<float>(probs, n_head, probs.cols(), {Span{0, probs.cols()}},
+                                              /*batched=*/false, scale));
+  } catch (const Error& e) {
+    throw Error(in_context("png", path, e.what()));
+  }
+  write_all_or_nothing({{"png", path, [&png](const std::string& p) { return stage_bytes(p, png); }}});
+}
+
+// Analyses and times w on x; writes the picture if `png` names one; prints the report.
 inline void demo_report(std::ostream& out, const std::string& title, const AttentionWeights<float>& w,
-                        const RowMatrix<float>& x, const std::vector<Job>& designed) {
+                        const RowMatrix<float>& x, const std::vector<Job>& designed,
+                        const std::string& png, ColourScale png_scale) {
   DemoReport r;
   r.title = title;
   r.config = w.config();
   r.T = x.rows();
-  r.stats = analyse_heads(w, x);
+  const RowMatrix<float> probs = head_maps(w, x);
+  r.stats = analyse_heads(probs, w.n_head());
   r.designed = designed;
   r.timing = time_forward(w, x);
+  if (!png.empty()) write_demo_picture(png, probs, w.n_head(), png_scale);
   print_report(out, r);
+  if (!png.empty()) out << "picture: " << png << "\n";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -273,7 +307,7 @@ inline void demo_embedded(const DemoOptions& o, std::ostream& out) {
       "gpt2-attention demo: embedded model (C = %td, %td heads of %td), input x_t = sinusoidal "
       "position code, T = %td",
       kDemoEmbd, n_head, kDemoEmbd / n_head, o.tokens);
-  demo_report(out, title, w, demo_input(o.tokens), designed);
+  demo_report(out, title, w, demo_input(o.tokens), designed, o.png, o.png_scale);
 }
 
 inline void demo_checkpoint(const DemoOptions& o, std::ostream& out) {
@@ -290,7 +324,7 @@ inline void demo_checkpoint(const DemoOptions& o, std::ostream& out) {
       "gpt2-attention demo: %s, layer %d (C = %td, %td heads of %td), input x = ln_1(wpe[:T]), "
       "T = %td",
       o.weights.c_str(), o.layer, w.n_embd(), w.n_head(), w.head_dim(), o.tokens);
-  demo_report(out, title, w, x, {});
+  demo_report(out, title, w, x, {}, o.png, o.png_scale);
 }
 
 // gpt2-attention demo ...; returns the exit status (errors are thrown).

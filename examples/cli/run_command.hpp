@@ -6,10 +6,13 @@
 //   X [B, T, C]   -> Y [B, T, C]   (and probs [B, n_head, T, T]); real rows from --starts and
 //                                  --lengths (run_input.hpp), padded rows of Y exactly 0; --prefill
 //                                  N: batched decode through one KV cache per sequence (batch_run.hpp)
+//   --png FILE.png: the probabilities as a picture (attention_picture.hpp): one tile per head, or
+//                   per sequence and head for a batch (sequences stacked top to bottom)
 //
 // Everything is read, checked and computed in memory first; the files are written last, all or
 // nothing (output_files.hpp). So --output may name the --input file; no output may name the
-// --weights file, and --probs may name neither the input nor --output (checked up front).
+// --weights file, and --probs and --png may name neither the input nor another output (checked
+// up front).
 // An empty input (B * T == 0) costs nothing beyond reading its header; the probabilities are
 // allocated before anything is computed and held once (see compute_run).
 #pragma once
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "attention_picture.hpp"
 #include "batch_run.hpp"
 #include "gpt2/attention.hpp"
 #include "gpt2/detail/io_util.hpp"
@@ -31,7 +35,8 @@
 namespace gpt2::cli {
 
 inline const std::vector<std::string> kRunFlags = {
-    "weights", "layer", "input", "output", "n-head", "dtype", "probs", "prefill", "lengths", "starts"};
+    "weights", "layer", "input", "output", "n-head", "dtype", "probs", "prefill", "lengths", "starts",
+    "png", "png-scale"};
 
 enum class Precision { f32, f64 };
 
@@ -39,6 +44,8 @@ enum class Precision { f32, f64 };
 struct RunOptions {
   std::string weights, input, output;
   std::string probs;  // empty: not requested
+  std::string png;    // empty: not requested
+  ColourScale png_scale = ColourScale::linear;
   int layer = 0;
   Index n_head = 0;  // 0: n_embd / 64
   Precision precision = Precision::f32;
@@ -54,6 +61,16 @@ inline Precision parse_precision(const Flags& flags) {
   throw UsageError("--dtype: expected f32 or f64, got '" + dtype + "'");
 }
 
+// --png-scale linear|sqrt (default linear); UsageError for another value or without --png.
+inline ColourScale parse_png_scale(const Flags& flags) {
+  if (!flags.has("png-scale")) return ColourScale::linear;
+  if (!flags.has("png")) throw UsageError("--png-scale needs --png");
+  const std::string scale = flags.required("png-scale");
+  if (scale == "linear") return ColourScale::linear;
+  if (scale == "sqrt") return ColourScale::sqrt;
+  throw UsageError("--png-scale: expected linear or sqrt, got '" + Flags::echoed_value(scale) + "'");
+}
+
 // UsageError unless `a` (--flag_a) and `b` (--flag_b) are different files: compared as weakly
 // canonical paths with symbolic links followed and, when both exist, by (st_dev, st_ino), so
 // "out.npy", "./out.npy", a symlink to it and a hard link all count as the same file.
@@ -66,14 +83,18 @@ inline void check_not_same_file(const std::string& flag_a, const std::string& a,
                    "' name the same file");
 }
 
-// The outputs must not overwrite each other, the checkpoint, or (for --probs) the input. --output
-// may name the input: X is read in full before anything is written.
+// The outputs must not overwrite each other, the checkpoint, or (for --probs and --png) the
+// input. --output may name the input: X is read in full before anything is written.
 inline void check_distinct_files(const RunOptions& o) {
   if (!o.probs.empty()) check_not_same_file("output", o.output, "probs", o.probs);
+  if (!o.png.empty()) check_not_same_file("output", o.output, "png", o.png);
+  if (!o.probs.empty() && !o.png.empty()) check_not_same_file("probs", o.probs, "png", o.png);
   check_not_same_file("output", o.output, "weights", o.weights);
-  if (!o.probs.empty()) {
-    check_not_same_file("probs", o.probs, "weights", o.weights);
-    check_not_same_file("probs", o.probs, "input", o.input);
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"probs", o.probs},
+                                   std::pair<const char*, const std::string&>{"png", o.png}}) {
+    if (path.empty()) continue;
+    check_not_same_file(flag, path, "weights", o.weights);
+    check_not_same_file(flag, path, "input", o.input);
   }
 }
 
@@ -83,6 +104,8 @@ inline RunOptions parse_run_options(const Flags& flags) {
   o.input = flags.required("input");
   o.output = flags.required("output");
   o.probs = flags.text_or("probs", "");
+  o.png = flags.text_or("png", "");
+  o.png_scale = parse_png_scale(flags);
   o.layer = static_cast<int>(flags.integer_or("layer", 0, 0, 1000000));
   o.n_head = static_cast<Index>(flags.integer_or("n-head", 0, 1, 1000000));
   o.precision = parse_precision(flags);
@@ -117,10 +140,12 @@ safetensors::LoadedAttention<T> load_layer(const safetensors::File& file, int la
 template <class T>
 struct RunResult {
   RowMatrix<T> out;    // [T, C] or [B * T, C]; left empty (0 x 0) when B * T == 0
-  RowMatrix<T> probs;  // [n_head * T, T] or [B * n_head * T, T]; left empty when not requested or
-                       // when B * T == 0
+  RowMatrix<T> probs;  // [n_head * T, T] or [B * n_head * T, T]; left empty when neither --probs
+                       // nor --png asks for it, or when B * T == 0
   std::vector<std::int64_t> out_shape, probs_shape;  // [T, C] or [B, T, C]; [n_head, T, T] or
                                                      // [B, n_head, T, T]
+  std::vector<Span> spans;  // with --png: each sequence's real tokens (0 .. T-1 for a 2-D input)
+  bool batched = false;     // a 3-D input
 };
 
 // Loads, reads and computes everything `o` asks for, in precision T. Writes nothing.
@@ -144,9 +169,18 @@ RunResult<T> compute_run(const RunOptions& o) {
   r.out_shape = input.shape;
   r.probs_shape = input.batched() ? std::vector<std::int64_t>{B, n_head, T_, T_}
                                   : std::vector<std::int64_t>{n_head, T_, T_};
-  if (input.x.rows() == 0) return r;  // B * T == 0: empty Y and P, nothing to compute
+  r.batched = input.batched();
+  if (input.x.rows() == 0) {  // B * T == 0: empty Y and P, nothing to compute
+    if (!o.png.empty())
+      throw Error("png " + o.png + ": the input " + detail::shape_string(input.shape) +
+                  " has no tokens: nothing to draw");
+    return r;
+  }
+  if (!o.png.empty())
+    for (Index b = 0; b < B; ++b)
+      r.spans.push_back(layout ? Span{layout->start(b), layout->length(b)} : Span{0, T_});
 
-  RowMatrix<T>* probs = o.probs.empty() ? nullptr : &r.probs;
+  RowMatrix<T>* probs = o.probs.empty() && o.png.empty() ? nullptr : &r.probs;
   if (probs) probs->resize(B * n_head * T_, T_);  // first: see above
   r.out.resize(input.x.rows(), w.n_embd());
   if (!input.batched()) {
@@ -169,9 +203,20 @@ RunResult<T> compute_run(const RunOptions& o) {
   return r;
 }
 
-// Writes Y (and the probabilities) as .npy files of T's dtype, both or neither.
+// Writes Y (and the probabilities) as .npy files of T's dtype and the picture as a PNG, all or
+// none. The picture is drawn and encoded first, in memory.
 template <class T>
 void write_run_result(const RunOptions& o, const RunResult<T>& r) {
+  std::vector<unsigned char> png;
+  if (!o.png.empty()) {
+    try {
+      png = encode_png(attention_picture<T>(r.probs, r.probs_shape[r.batched ? 1 : 0],
+                                            r.probs_shape.back(), r.spans, r.batched,
+                                            o.png_scale));
+    } catch (const Error& e) {
+      throw Error(in_context("png", o.png, e.what()));
+    }
+  }
   std::vector<PendingFile> files;
   files.push_back({"output", o.output, [&r](const std::string& path) {
                      return stage_npy<T>(path, r.out.data(), r.out_shape);
@@ -180,6 +225,8 @@ void write_run_result(const RunOptions& o, const RunResult<T>& r) {
     files.push_back({"probs", o.probs, [&r](const std::string& path) {
                        return stage_npy<T>(path, r.probs.data(), r.probs_shape);
                      }});
+  if (!o.png.empty())
+    files.push_back({"png", o.png, [&png](const std::string& path) { return stage_bytes(path, png); }});
   write_all_or_nothing(files);
 }
 

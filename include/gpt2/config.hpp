@@ -14,6 +14,7 @@ struct AttentionConfig {
   Index n_embd = 768;  // C
   Index n_head = 12;
 
+  // C / n_head (0 while n_head <= 0; validate() rejects that and a non-divisor).
   Index head_dim() const { return n_head > 0 ? n_embd / n_head : 0; }
 
   // Throws ConfigError unless n_embd > 0, n_head > 0 and n_head divides n_embd.
@@ -27,6 +28,7 @@ struct AttentionConfig {
                         ", got " + std::to_string(n_head));
   }
 
+  // The four GPT-2 sizes (n_embd, n_head).
   static AttentionConfig gpt2_small() { return {768, 12}; }
   static AttentionConfig gpt2_medium() { return {1024, 16}; }
   static AttentionConfig gpt2_large() { return {1280, 20}; }

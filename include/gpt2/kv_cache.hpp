@@ -39,6 +39,7 @@ class KVCache {
     values_.resize(config_.n_head * capacity_, config_.head_dim());
   }
 
+  // No implicit copies (a cache is megabytes): copy() and copy_from() are the explicit ones.
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
   // Moving leaves the source empty (capacity 0, nothing cached).
@@ -87,7 +88,7 @@ class KVCache {
   }
 
   const AttentionConfig& config() const { return config_; }
-  Index capacity() const { return capacity_; }
+  Index capacity() const { return capacity_; }          // positions it has room for in all
   Index n_past() const { return n_past_; }              // positions cached
   // Bytes of the key and value storage (allocated in full by the constructor).
   Index bytes() const { return (keys_.size() + values_.size()) * static_cast<Index>(sizeof(T)); }
@@ -162,8 +163,9 @@ class KVCache {
   }
 
   // The whole storage of keys / values [n_head * capacity, head_dim] (row h*capacity + p holds
-  // head h's position p), read-only: for overlap checks and inspection. Rows from n_past on are
-  // free space (they may hold what a rolled-back forward wrote). Fill the cache with append().
+  // head h's position p), read-only views into the cache (valid while it is neither moved from nor
+  // destroyed): for overlap checks and inspection. Rows from n_past on are free space (they may
+  // hold what a rolled-back forward wrote). Fill the cache with append().
   ConstMatrixRef<T> key_storage() const { return keys_; }
   ConstMatrixRef<T> value_storage() const { return values_; }
 

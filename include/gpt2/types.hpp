@@ -83,9 +83,10 @@ using ConstMatrixMap = Eigen::Map<const RowMatrix<T>>;
 template <class T>
 using ConstVectorMap = Eigen::Map<const RowVector<T>>;
 
-// view(m): a zero-copy ConstMatrixMap over an owning row-major matrix, for building
-// AttentionWeights from plain Eigen matrices. Temporaries and other storage orders are rejected at
-// compile time (a view of them would dangle or need a hidden copy).
+// view(m): a zero-copy ConstMatrixMap over an owning row-major matrix [rows, cols] (view(v): a
+// ConstVectorMap [n] over a row vector), for building AttentionWeights from plain Eigen matrices.
+// The view borrows m's storage: m must outlive it and keep its size. Temporaries and other storage
+// orders are rejected at compile time (a view of them would dangle or need a hidden copy).
 template <class T>
 ConstMatrixMap<T> view(const RowMatrix<T>& m) {
   return {m.data(), m.rows(), m.cols()};

@@ -44,11 +44,14 @@ class AttentionWeights {
     check_not_null("c_proj.bias", c_proj_bias_);
   }
 
+  // The validated shape: n_embd C, n_head, head_dim = C / n_head.
   const AttentionConfig& config() const { return config_; }
   Index n_embd() const { return config_.n_embd; }
   Index n_head() const { return config_.n_head; }
   Index head_dim() const { return config_.head_dim(); }
 
+  // Read-only views of the caller's buffers (no copy; valid while those buffers are):
+  //   c_attn_weight [C, 3C], c_attn_bias [3C], c_proj_weight [C, C], c_proj_bias [C].
   ConstMatrixMap<T> c_attn_weight() const { return {c_attn_weight_, n_embd(), 3 * n_embd()}; }
   ConstVectorMap<T> c_attn_bias() const { return {c_attn_bias_, 3 * n_embd()}; }
   ConstMatrixMap<T> c_proj_weight() const { return {c_proj_weight_, n_embd(), n_embd()}; }
