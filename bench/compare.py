@@ -294,7 +294,7 @@ def main():
             per_round["ours"].append(parse_gbench(doc))
         if use_torch:
             cmd = [PYTHON, os.path.join(HERE, "torch_bench.py"), "--tuned", "--filter", other_filter,
-                   "--min-time", str(args.min_time), "--out", "{out}"]
+                   "--min-time", str(args.min_time), "--min-reps", "5", "--out", "{out}"]
             if args.torch_blas:
                 cmd += ["--blas", args.torch_blas]
             doc = run_json(cmd)
@@ -303,7 +303,7 @@ def main():
                 per_round["torch"].append(parse_ours_like(doc))
         if not why_no_ort:
             doc = run_json(["node", os.path.join(ORT_DIR, "ort_bench.mjs"), "--filter", other_filter,
-                            "--min-time", str(args.min_time), "--out", "{out}"])
+                            "--min-time", str(args.min_time), "--min-reps", "5", "--out", "{out}"])
             entry["ort"] = doc
             if doc:
                 per_round["ort"].append(parse_ours_like(doc))

@@ -224,7 +224,11 @@ def make(w, name, variant, dtype=torch.float32):
 
 
 def time_calls(fn, x, min_time, min_reps, warmup=3):
-    for _ in range(warmup):
+    start = time.perf_counter()
+    fn(x)  # at least one warm-up call; up to `warmup` of them within 0.1 s
+    for _ in range(warmup - 1):
+        if time.perf_counter() - start > 0.1:
+            break
         fn(x)
     samples = []
     start = time.perf_counter()
