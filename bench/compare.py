@@ -187,7 +187,7 @@ def build_table(ours, torch, ort):
                      f"| {fmt_ms(t_ort)} | {fmt_ratio(t_torch, t_ours)} | {fmt_ratio(t_ort, t_ours)} "
                      f"| {fmt_ratio(t_base, t_ours)} | {bound} |")
         if get(torch, same, "variant"):
-            notes.append(f"{kind}/{arg}/threads:{n}: {get(torch, same, 'variant')}")
+            notes.append((get(torch, same, "variant"), f"{arg}/{n}"))
     targets = []
     for case, want in TARGETS.items():
         for n in THREADS:
@@ -197,6 +197,10 @@ def build_table(ours, torch, ort):
                 got = t_torch / t_ours
                 targets.append(f"{name}: PyTorch / ours = {got:.2f}x (target {want}x) "
                                f"{'met' if got >= want else 'NOT met'}")
+    by_variant = {}
+    for variant, row in notes:
+        by_variant.setdefault(variant, []).append(row)
+    notes = [f"{v}: {', '.join(r)}" for v, r in sorted(by_variant.items(), key=lambda kv: -len(kv[1]))]
     return lines, notes, targets
 
 
@@ -336,7 +340,8 @@ def main():
         "",
         "PyTorch: " + (f"{torch_ctx.get('version')}, eager, torch.inference_mode(), "
                        f"env {torch_ctx.get('env')}, BLAS {', '.join(blas) or '?'}; the fastest of "
-                       "the variants in bench/torch_bench.py per row (" + "; ".join(notes) + ")."
+                       "the variants in bench/torch_bench.py per row (variant: rows as T or past / threads; "
+                       + "; ".join(notes) + ")."
                        if torch else "n/a."),
         "ONNX Runtime: " + (f"onnxruntime-node {ort_ctx.get('version')}, CPU execution provider, "
                             "graph exported by torch_bench.py --export-onnx, all graph optimisations; "
