@@ -28,6 +28,7 @@ namespace gpt2 {
 // sequence without allocating (reuse one layout across decode steps).
 class BatchLayout {
  public:
+  // An empty batch (B = 0, T = 0).
   BatchLayout() = default;
 
   // Sequence b's real tokens are its rows starts[b] .. starts[b] + lengths[b] - 1.
@@ -69,9 +70,12 @@ class BatchLayout {
   Index batch() const { return static_cast<Index>(lengths_.size()); }  // B
   Index tokens() const { return tokens_; }                               // T
   Index rows() const { return batch() * tokens_; }                       // B * T
+  // Sequence b's real rows are rows start(b) .. start(b) + length(b) - 1 of its [T, C] block, i.e.
+  // rows first_row(b) .. of x [B * T, C]. b outside [0, B) is a ShapeError naming b and B.
   Index start(Index b) const { return starts_[check(b)]; }
   Index length(Index b) const { return lengths_[check(b)]; }
   Index first_row(Index b) const { return b * tokens_ + start(b); }  // in x [B * T, C]
+  // The longest sequence's length (0 for an empty batch): what a workspace needs room for.
   Index max_length() const {
     Index m = 0;
     for (Index n : lengths_) m = std::max(m, n);

@@ -36,6 +36,8 @@ constexpr Index kScoreRowAlign = 64 / static_cast<Index>(sizeof(T));
 template <class T>
 class AttentionScratch {
  public:
+  // Empty: grows on the first call. The second form allocates room for max_keys keys of width
+  // head_dim up front (owns a [kAttentionRowBlock, max_keys rounded up] tile and packing buffers).
   AttentionScratch() = default;
   AttentionScratch(Index max_keys, Index head_dim) { reserve(max_keys, head_dim); }
 

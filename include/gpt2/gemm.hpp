@@ -27,6 +27,8 @@ class GemmScratch {
   using Blocking = Eigen::internal::gemm_blocking_space<Eigen::RowMajor, T, T, Eigen::Dynamic,
                                                         Eigen::Dynamic, Eigen::Dynamic, 1, false>;
 
+  // Empty: grows on the first product. The second form allocates (and owns) packing buffers for
+  // products up to [max_m, max_k] x [max_k, max_n] up front.
   GemmScratch() = default;
   GemmScratch(Index max_m, Index max_n, Index max_k) { reserve(max_m, max_n, max_k); }
 
@@ -44,10 +46,13 @@ class GemmScratch {
     max_k_ = k;
   }
 
+  // Whether an [m, k] x [k, n] product runs without growing the buffers.
   bool fits(Index m, Index n, Index k) const {
     return blocking_ != nullptr && m <= max_m_ && n <= max_n_ && k <= max_k_;
   }
 
+  // Eigen's blocking object over the buffers (owned by this scratch; valid until it grows).
+  // Precondition: the scratch has been reserved (fits() for some size).
   Blocking& blocking() { return *blocking_; }
 
   // Bytes of the packing buffers held.

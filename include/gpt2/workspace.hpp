@@ -59,6 +59,7 @@ class Workspace {
     }
     return *this;
   }
+  // Exchanges every buffer, the config and the capacities with `other` (no allocation, no copy).
   void swap(Workspace& other) noexcept {
     qkv.swap(other.qkv);
     merged.swap(other.merged);
@@ -68,6 +69,7 @@ class Workspace {
     std::swap(key_capacity_, other.key_capacity_);
   }
 
+  // The n_embd and n_head the buffers are shaped for (must match the weights of a forward).
   const AttentionConfig& config() const { return config_; }
   Index capacity() const { return capacity_; }          // tokens per forward
   Index key_capacity() const { return key_capacity_; }  // positions attended to
