@@ -2,7 +2,9 @@
 // scratch growth and reuse, and its errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <string>
 
 #include "gpt2/gemm.hpp"
 #include "support/compare.hpp"
@@ -93,9 +95,11 @@ TYPED_TEST(GemmTest, ScratchGrowsOnlyWhenNeeded) {
   EXPECT_TRUE(scratch.fits(64, 64, 64));
   EXPECT_TRUE(scratch.fits(1, 10, 64));
   EXPECT_FALSE(scratch.fits(65, 64, 64));
-  const RowMatrix<T> a = RowMatrix<T>::Ones(100, 20), b = RowMatrix<T>::Ones(20, 30);
+  // Op::Transpose: always Eigen's GEMM, whose packing buffers live in the scratch (the AVX-512
+  // float kernel of Op::None needs none).
+  const RowMatrix<T> a = RowMatrix<T>::Ones(100, 20), b = RowMatrix<T>::Ones(30, 20);
   RowMatrix<T> c = RowMatrix<T>::Zero(100, 30);
-  gpt2::gemm_accumulate<T>(T(1), a, b, gpt2::Op::None, c, scratch);  // grows M to 100
+  gpt2::gemm_accumulate<T>(T(1), a, b, gpt2::Op::Transpose, c, scratch);  // grows M to 100
   EXPECT_TRUE(scratch.fits(100, 64, 64));
   EXPECT_TRUE((c.array() == T(20)).all());
 }
@@ -124,3 +128,53 @@ TEST(GemmErrors, ShapesAndAliasing) {
 }
 
 }  // namespace
+
+// The AVX-512 float kernel (gemm_kernel.hpp) computes every element as one chain of fused
+// multiply-adds, k in order, from C's value: exactly this loop, bit for bit.
+RowMatrix<float> fma_chain(const RowMatrix<float>& a, const RowMatrix<float>& b,
+                           const RowMatrix<float>& c0) {
+  RowMatrix<float> c = c0;
+  for (Index i = 0; i < a.rows(); ++i)
+    for (Index j = 0; j < b.cols(); ++j)
+      for (Index k = 0; k < a.cols(); ++k) c(i, j) = std::fma(a(i, k), b(k, j), c(i, j));
+  return c;
+}
+
+TEST(GemmKernel, EveryElementIsOneFmaChainInKOrderOnStridedViews) {
+  if (!GPT2_ATTENTION_AVX512_GEMM) GTEST_SKIP() << "built without AVX-512: Eigen's GEMM runs";
+  std::srand(21);
+  gpt2::GemmScratch<float> scratch;
+  for (const Index M : {1, 2, 11, 12, 13, 47, 48, 49, 100})
+    for (const Index N : {1, 15, 16, 17, 33, 64, 300})
+      for (const Index K : {1, 127, 128, 129, 300}) {
+        SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+        // Views into bigger matrices: strided rows, and sentinels around C that must survive.
+        RowMatrix<float> a_store = RowMatrix<float>::Random(M + 2, K + 5);
+        RowMatrix<float> b_store = RowMatrix<float>::Random(K + 1, N + 7);
+        RowMatrix<float> c_store = RowMatrix<float>::Random(M + 2, N + 9);
+        const RowMatrix<float> a = a_store.block(1, 3, M, K), b = b_store.block(1, 2, K, N);
+        const RowMatrix<float> c_before = c_store;
+        gpt2::gemm_accumulate<float>(1.0f, a_store.block(1, 3, M, K), b_store.block(1, 2, K, N),
+                                     gpt2::Op::None, c_store.block(1, 4, M, N), scratch);
+        const RowMatrix<float> expected = fma_chain(a, b, c_before.block(1, 4, M, N));
+        ASSERT_TRUE(c_store.block(1, 4, M, N) == expected);
+        RowMatrix<float> outside = c_store;
+        outside.block(1, 4, M, N) = c_before.block(1, 4, M, N);
+        ASSERT_TRUE(outside == c_before) << "the kernel wrote outside C";
+      }
+}
+
+TEST(GemmKernel, ARowGivesTheSameBitsAloneAsAmongOthers) {
+  std::srand(22);
+  gpt2::GemmScratch<float> scratch;
+  const Index M = 30, N = 2304, K = 768;
+  const RowMatrix<float> a = RowMatrix<float>::Random(M, K), b = RowMatrix<float>::Random(K, N);
+  RowMatrix<float> together = RowMatrix<float>::Zero(M, N), alone = RowMatrix<float>::Zero(M, N);
+  gpt2::gemm_accumulate<float>(1.0f, a, b, gpt2::Op::None, together, scratch);
+  for (Index i = 0; i < M; ++i)
+    gpt2::gemm_accumulate<float>(1.0f, a.row(i), b, gpt2::Op::None, alone.row(i), scratch);
+  if (GPT2_ATTENTION_AVX512_GEMM)
+    EXPECT_TRUE(together == alone);
+  else  // Eigen: GEMV for one row, GEMM for many; the sums are ordered differently
+    EXPECT_TRUE(gpt2::test::near(alone, together, 1e-5, 1e-5));
+}

@@ -72,9 +72,10 @@ void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& we
 // Steps 3 and 4 for the T new tokens whose projections are in qkv [T, 3C]: head h attends with
 // q_view(qkv, h) to keys_of(h), values_of(h) [n_keys, head_dim] (n_keys >= T; the last T of them
 // belong to the new tokens) and writes its slot of merged [T, C]. probs (or null)
-// [n_head * T, n_keys]. The (head, row tile) pairs run in parallel on n_threads threads, the
-// costliest tiles (the last rows, which see the most keys) first; ws must have room for n_keys
-// keys on n_threads threads.
+// [n_head * T, n_keys]. The (head, row tile) pairs run in parallel on n_threads threads, head by
+// head (the threads share one head's keys and values in cache), each head's costliest tiles (the
+// last rows, which see the most keys) first; ws must have room for n_keys keys on n_threads
+// threads.
 template <class T, class KeysOf, class ValuesOf>
 void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
                   const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
@@ -91,7 +92,7 @@ void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
   }
   const Index tiles = attention_row_tiles(T_);
   parallel_tasks(n_head * tiles, n_threads, [&](Index task, int thread) {
-    const Index h = task % n_head, tile = tiles - 1 - task / n_head;
+    const Index h = task / tiles, tile = tiles - 1 - task % tiles;
     const Index r0 = tile * kAttentionRowBlock, nb = std::min(kAttentionRowBlock, T_ - r0);
     MatrixRef<T> y = head_slot(merged, config, h);
     AttentionScratch<T>& scratch = ws.threads[static_cast<std::size_t>(thread)].attention;

@@ -9,8 +9,10 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <memory>
+#include <type_traits>
 
 #include "gpt2/error.hpp"
+#include "gpt2/gemm_kernel.hpp"
 #include "gpt2/types.hpp"
 
 static_assert(EIGEN_VERSION_AT_LEAST(3, 4, 0) && !EIGEN_VERSION_AT_LEAST(3, 4, 90),
@@ -102,6 +104,9 @@ void run_gemv(T alpha, const ConstMatrixRef<T>& A, const ConstMatrixRef<T>& B, O
 }  // namespace detail
 
 // C[M, N] += alpha * A[M, K] * op(B)
+// With AVX-512, float, op = None and alpha = 1 run gemm_kernel.hpp's kernel (one chain of
+// multiply-adds per element, k in order: the same bits for any M and any split); the rest runs
+// Eigen's GEMM (GEMV for one row).
 //   op = None:      B is [K, N]
 //   op = Transpose: B is [N, K] and op(B) = B^T (e.g. scores = q k^T without a transposed copy)
 //   A, B: row-major views (see detail::as_view); C must not overlap A or B.
@@ -123,6 +128,15 @@ void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::Matri
   if (detail::overlaps(C, A) || detail::overlaps(C, B))
     throw ShapeError("gemm: the output C overlaps an input");
   if (M == 0 || N == 0 || K == 0) return;
+#if GPT2_ATTENTION_AVX512_GEMM
+  if constexpr (std::is_same<T, float>::value) {
+    if (op_b == Op::None && alpha == T(1)) {  // the projections and att v
+      detail::avx512::gemm(M, N, K, A.data(), A.outerStride(), B.data(), B.outerStride(), C.data(),
+                           C.outerStride());
+      return;
+    }
+  }
+#endif
   if (M == 1) {  // one row (a decode step): Eigen's GEMV streams B once and needs no packing
     detail::run_gemv<T>(alpha, A, B, op_b, C);
     return;

@@ -1,0 +1,140 @@
+// An AVX-512 float kernel for C[M, N] += A[M, K] * B[K, N], all row-major: the products of the
+// projections (x @ c_attn.weight, merged @ c_proj.weight) and att @ v. Used by gemm_accumulate for
+// float when the code is compiled with AVX-512 (e.g. -march=native on a machine that has it);
+// other builds, double, and the q k^T product use Eigen's GEMM.
+//
+// Every element of C is one chain of fused multiply-adds in the order k = 0, 1, ..., K - 1,
+// starting from C's value: c = fma(a[K-1], b[K-1], ... fma(a[0], b[0], c)). The blocking, the row
+// count M and the split of the columns over threads only decide which elements are computed
+// together, never how one is computed, so a row's result does not depend on how many rows were
+// computed with it (a decode step gives bitwise what a prefill gives for the same row) nor on
+// the number of threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "gpt2/types.hpp"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define GPT2_ATTENTION_AVX512_GEMM 1
+#else
+#define GPT2_ATTENTION_AVX512_GEMM 0
+#endif
+
+#if GPT2_ATTENTION_AVX512_GEMM
+namespace gpt2::detail::avx512 {
+
+inline constexpr int kTileRows = 12;      // rows of C per micro-tile: 24 accumulators
+inline constexpr Index kTileCols = 32;    // columns of C per micro-tile: two 16-float vectors
+inline constexpr Index kDepthBlock = 128; // k per pass: B's [128, 32] panel (16 KB) stays in L1
+
+// Lanes of a 16-float vector that hold columns [j, n) (all 16 when n - j >= 16).
+inline __mmask16 lanes(Index j, Index n) {
+  const Index count = std::max<Index>(0, std::min<Index>(16, n - j));
+  return static_cast<__mmask16>((std::uint32_t(1) << count) - 1);
+}
+
+// C[R, cols] += A[R, depth] * B[depth, cols] for one micro-tile: cols <= 32 columns, given by the
+// lane masks m0 (columns 0-15) and m1 (16-31). a, b, c point at the tile's first element; lda,
+// ldb, ldc are row strides. Masked lanes are neither read nor written.
+template <int R>
+inline void micro_tile(const float* a, Index lda, const float* b, Index ldb, float* c, Index ldc,
+                       Index depth, __mmask16 m0, __mmask16 m1) {
+  __m512 acc0[R], acc1[R];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = _mm512_maskz_loadu_ps(m0, c + r * ldc);
+    acc1[r] = _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);
+  }
+  for (Index k = 0; k < depth; ++k) {
+    const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + k * ldb);
+    const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + k * ldb + 16);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r * lda + k]);
+      acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
+    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc1[r]);
+  }
+}
+
+// micro_tile with a run-time row count 1 <= rows <= kTileRows.
+inline void micro_tile_rows(int rows, const float* a, Index lda, const float* b, Index ldb,
+                            float* c, Index ldc, Index depth, __mmask16 m0, __mmask16 m1) {
+  switch (rows) {
+    case 12: micro_tile<12>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 11: micro_tile<11>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 10: micro_tile<10>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 9: micro_tile<9>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 8: micro_tile<8>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 7: micro_tile<7>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 6: micro_tile<6>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 5: micro_tile<5>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 4: micro_tile<4>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 3: micro_tile<3>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 2: micro_tile<2>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    default: micro_tile<1>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+  }
+}
+
+// C[1, N] += a[1, K] * B[K, N] (a decode step's projection): 256 columns at a time in 16
+// accumulators while B's rows stream by, each row's 1 KB read contiguously. Same sums as
+// micro_tile: one chain of multiply-adds per element, k = 0, 1, ..., K - 1.
+inline void row_times_matrix(Index N, Index K, const float* a, const float* B, Index ldb, float* c) {
+  constexpr int kVectors = 16;
+  for (Index j0 = 0; j0 < N; j0 += 16 * kVectors) {
+    __mmask16 m[kVectors];
+    __m512 acc[kVectors];
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) {
+      m[v] = lanes(j0 + 16 * v, N);
+      acc[v] = _mm512_maskz_loadu_ps(m[v], c + j0 + 16 * v);
+    }
+    for (Index k = 0; k < K; ++k) {
+      const __m512 ak = _mm512_set1_ps(a[k]);
+      const float* b = B + k * ldb + j0;
+#pragma GCC unroll 16
+      for (int v = 0; v < kVectors; ++v)
+        acc[v] = _mm512_fmadd_ps(ak, _mm512_maskz_loadu_ps(m[v], b + 16 * v), acc[v]);
+    }
+#pragma GCC unroll 16
+    for (int v = 0; v < kVectors; ++v) _mm512_mask_storeu_ps(c + j0 + 16 * v, m[v], acc[v]);
+  }
+}
+
+inline constexpr Index kRowBlock = 48;  // rows of A per block: A's [48, 128] block (24 KB) in L1
+
+// C[M, N] += A[M, K] * B[K, N]; row-major with row strides lda, ldb, ldc; C must not overlap A
+// or B. Passes over K in blocks of kDepthBlock; within a pass, each block of kRowBlock rows of A
+// stays in L1 while the 32-column panels of B go by, each swept down the block's row tiles.
+inline void gemm(Index M, Index N, Index K, const float* A, Index lda, const float* B, Index ldb,
+                 float* C, Index ldc) {
+  if (M == 1) {
+    row_times_matrix(N, K, A, B, ldb, C);
+    return;
+  }
+  for (Index ib = 0; ib < M; ib += kRowBlock) {
+    const Index block_rows = std::min(kRowBlock, M - ib);
+    for (Index k0 = 0; k0 < K; k0 += kDepthBlock) {
+      const Index depth = std::min(kDepthBlock, K - k0);
+      for (Index j0 = 0; j0 < N; j0 += kTileCols) {
+        const __mmask16 m0 = lanes(j0, N), m1 = lanes(j0 + 16, N);
+        for (Index i0 = ib; i0 < ib + block_rows; i0 += kTileRows) {
+          const int rows = static_cast<int>(std::min<Index>(kTileRows, ib + block_rows - i0));
+          micro_tile_rows(rows, A + i0 * lda + k0, lda, B + k0 * ldb + j0, ldb,
+                          C + i0 * ldc + j0, ldc, depth, m0, m1);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace gpt2::detail::avx512
+#endif
