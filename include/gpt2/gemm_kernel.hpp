@@ -84,29 +84,35 @@ inline void micro_tile_rows(int rows, const float* a, Index lda, const float* b,
   }
 }
 
-// C[1, N] += a[1, K] * B[K, N] (a decode step's projection): 256 columns at a time in 16
-// accumulators while B's rows stream by, each row's 1 KB read contiguously. Same sums as
-// micro_tile: one chain of multiply-adds per element, k = 0, 1, ..., K - 1.
-inline void row_times_matrix(Index N, Index K, const float* a, const float* B, Index ldb, float* c) {
-  constexpr int kVectors = 16;
-  for (Index j0 = 0; j0 < N; j0 += 16 * kVectors) {
-    __mmask16 m[kVectors];
-    __m512 acc[kVectors];
+// c[j0, j0 + 16 V) += a[1, K] * B[K, j0 .. j0 + 16 V) in V accumulators (columns past N masked).
+template <int V>
+inline void row_strip(Index j0, Index N, Index K, const float* a, const float* B, Index ldb,
+                      float* c) {
+  __mmask16 m[V];
+  __m512 acc[V];
 #pragma GCC unroll 16
-    for (int v = 0; v < kVectors; ++v) {
-      m[v] = lanes(j0 + 16 * v, N);
-      acc[v] = _mm512_maskz_loadu_ps(m[v], c + j0 + 16 * v);
-    }
-    for (Index k = 0; k < K; ++k) {
-      const __m512 ak = _mm512_set1_ps(a[k]);
-      const float* b = B + k * ldb + j0;
-#pragma GCC unroll 16
-      for (int v = 0; v < kVectors; ++v)
-        acc[v] = _mm512_fmadd_ps(ak, _mm512_maskz_loadu_ps(m[v], b + 16 * v), acc[v]);
-    }
-#pragma GCC unroll 16
-    for (int v = 0; v < kVectors; ++v) _mm512_mask_storeu_ps(c + j0 + 16 * v, m[v], acc[v]);
+  for (int v = 0; v < V; ++v) {
+    m[v] = lanes(j0 + 16 * v, N);
+    acc[v] = _mm512_maskz_loadu_ps(m[v], c + j0 + 16 * v);
   }
+  for (Index k = 0; k < K; ++k) {
+    const __m512 ak = _mm512_set1_ps(a[k]);
+    const float* b = B + k * ldb + j0;
+#pragma GCC unroll 16
+    for (int v = 0; v < V; ++v)
+      acc[v] = _mm512_fmadd_ps(ak, _mm512_maskz_loadu_ps(m[v], b + 16 * v), acc[v]);
+  }
+#pragma GCC unroll 16
+  for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(c + j0 + 16 * v, m[v], acc[v]);
+}
+
+// C[1, N] += a[1, K] * B[K, N] (a decode step's products): 256 columns at a time in 16
+// accumulators while B's rows stream by, each row's 1 KB read contiguously; the last columns 64
+// at a time. Same sums as micro_tile: one chain of multiply-adds per element, k in order.
+inline void row_times_matrix(Index N, Index K, const float* a, const float* B, Index ldb, float* c) {
+  Index j0 = 0;
+  for (; j0 + 256 <= N; j0 += 256) row_strip<16>(j0, N, K, a, B, ldb, c);
+  for (; j0 < N; j0 += 64) row_strip<4>(j0, N, K, a, B, ldb, c);
 }
 
 inline constexpr Index kRowBlock = 48;  // rows of A per block: A's [48, 128] block (24 KB) in L1
