@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "gpt2/error.hpp"
 #include "gpt2/gemm.hpp"
+#include "gpt2/gemm_kernel.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
@@ -55,18 +57,42 @@ class AttentionScratch {
     // maximum whatever max_keys is: the sum's order, and so the result, does not depend on the
     // scratch's capacity. (The packing buffers depend on kc, not on this depth.)
     values_gemm.reserve(kAttentionRowBlock, head_dim, kDeterministicDepth);
+    if (kernel_scores() && (keys_t.rows() != head_dim || keys_t.cols() < max_keys)) {
+      const Index cols = (max_keys + kScoreRowAlign<T> - 1) / kScoreRowAlign<T> * kScoreRowAlign<T>;
+      RowMatrix<T> grown(head_dim, cols);
+      keys_t.swap(grown);
+    }
+    forget_packed_keys();
+  }
+
+  // Whether q k^T runs the AVX-512 float kernel on a transposed copy of the keys (keys_t).
+  static constexpr bool kernel_scores() {
+    return GPT2_ATTENTION_AVX512_GEMM && std::is_same<T, float>::value;
+  }
+
+  // keys_t holds no head's keys: the next tile packs its own. Every call that attends starts so.
+  void forget_packed_keys() {
+    packed_keys = nullptr;
+    packed_rows = 0;
   }
 
   static constexpr Index kDeterministicDepth = Index(1) << 24;
 
   // Bytes of the buffers held.
   Index bytes() const {
-    return scores.size() * static_cast<Index>(sizeof(T)) + scores_gemm.bytes() + values_gemm.bytes();
+    return (scores.size() + keys_t.size()) * static_cast<Index>(sizeof(T)) + scores_gemm.bytes() +
+           values_gemm.bytes();
   }
 
   RowMatrix<T> scores;  // [kAttentionRowBlock, max_keys rounded up to kScoreRowAlign<T>]
   GemmScratch<T> scores_gemm;
   GemmScratch<T> values_gemm;
+  // With the kernel: k^T [head_dim, max_keys rounded up] of the head being attended, packed by the
+  // first tile that needs it (packed_rows keys from packed_keys) and reused by the head's later,
+  // smaller tiles on this thread.
+  RowMatrix<T> keys_t;
+  const T* packed_keys = nullptr;
+  Index packed_rows = 0;
 };
 
 // max(-inf, row[0], ..., row[n-1]); NaN if any entry is NaN.
@@ -119,6 +145,10 @@ inline void check_attention_shapes(Index n_query, Index n_keys, Index head_dim, 
                      "), got " + std::to_string(n_keys));
 }
 
+// Row tiles with at least this many query rows run q k^T through the kernel (on k^T packed once
+// per head and thread); smaller ones (a decode step) through Eigen, which reads k in place.
+inline constexpr Index kKernelScoreRows = 16;
+
 // Rows [r0, r0 + nb) of one head (nb <= kAttentionRowBlock): the row tile's scores cover only
 // the keys its last row can see. Shapes as in causal_attention_head, already checked; scratch has
 // room for k.rows() keys. Writes out's rows r0 .. r0 + nb - 1 (and probs' when not null).
@@ -133,8 +163,26 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
 
   // att = q_tile k_visible^T / sqrt(head_dim)
   att.setZero();
-  gemm_accumulate<T>(scale, q.middleRows(r0, nb), k.topRows(n_visible), Op::Transpose, att,
-                     scratch.scores_gemm);
+  bool scored = false;
+#if GPT2_ATTENTION_AVX512_GEMM
+  if constexpr (AttentionScratch<T>::kernel_scores()) {
+    if (nb >= kKernelScoreRows) {
+      if (scratch.packed_keys != k.data() || scratch.packed_rows < n_visible) {
+        scratch.keys_t.topLeftCorner(head_dim, n_visible) = k.topRows(n_visible).transpose();
+        scratch.packed_keys = k.data();
+        scratch.packed_rows = n_visible;
+      }
+      avx512::gemm(nb, n_visible, head_dim, q.data() + r0 * q.outerStride(), q.outerStride(),
+                   scratch.keys_t.data(), scratch.keys_t.outerStride(), att.data(),
+                   att.outerStride());
+      att *= scale;
+      scored = true;
+    }
+  }
+#endif
+  if (!scored)
+    gemm_accumulate<T>(scale, q.middleRows(r0, nb), k.topRows(n_visible), Op::Transpose, att,
+                       scratch.scores_gemm);
   // causal softmax: row i sees keys 0 .. n_past + r0 + i
   for (Index i = 0; i < nb; ++i) causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
   // y_tile = att v_visible
@@ -178,6 +226,7 @@ void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& 
   const Index T_ = q.rows();
   if (T_ == 0) return;
   scratch.reserve(k.rows(), q.cols());
+  scratch.forget_packed_keys();
   for (Index r0 = 0; r0 < T_; r0 += kAttentionRowBlock)
     attention_row_tile<T>(q, k, v, r0, std::min(kAttentionRowBlock, T_ - r0), out, probs, scratch);
 }
