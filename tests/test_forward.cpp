@@ -1,14 +1,13 @@
-// attention_forward and attention(): the whole sublayer against the naive
-// double reference (small widths; the PyTorch fixtures in test_reference.cpp
-// cover GPT-2 widths and T = 1024).
+// attention_forward and attention(): the whole sublayer against the naive double reference
+// (small widths; the PyTorch fixtures in test_reference.cpp cover GPT-2 widths and T = 1024).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "gpt2/attention.hpp"
 #include "support/compare.hpp"
-#include "support/errors.hpp"
 #include "support/models.hpp"
+#include "support/errors.hpp"
 #include "support/reference.hpp"
 
 namespace {
@@ -24,7 +23,8 @@ using gpt2::test::Model;
 using gpt2::test::random_input;
 using gpt2::test::random_model;
 
-template <class T> class ForwardTest : public ::testing::Test {};
+template <class T>
+class ForwardTest : public ::testing::Test {};
 TYPED_TEST_SUITE(ForwardTest, gpt2::test::Scalars);
 
 TYPED_TEST(ForwardTest, MatchesNaiveReference) {
@@ -32,27 +32,24 @@ TYPED_TEST(ForwardTest, MatchesNaiveReference) {
   struct Case {
     Index C, n_head, T;
   };
-  for (const Case c : {Case{8, 2, 5}, Case{64, 4, 1}, Case{64, 4, 7},
-                       Case{64, 4, 65}, Case{96, 3, 130}, Case{128, 2, 64}}) {
-    SCOPED_TRACE("C=" + std::to_string(c.C) + " n_head=" +
-                 std::to_string(c.n_head) + " T=" + std::to_string(c.T));
+  for (const Case c : {Case{8, 2, 5}, Case{64, 4, 1}, Case{64, 4, 7}, Case{64, 4, 65},
+                       Case{96, 3, 130}, Case{128, 2, 64}}) {
+    SCOPED_TRACE("C=" + std::to_string(c.C) + " n_head=" + std::to_string(c.n_head) +
+                 " T=" + std::to_string(c.T));
     const Model<T> m = random_model<T>(c.C, c.n_head, 1);
     const RowMatrix<T> x = random_input<T>(c.T, c.C, 2);
-    const gpt2::test::NaiveAttention ref = gpt2::test::naive_attention(
-        x, m.c_attn_w, m.c_attn_b, m.c_proj_w, m.c_proj_b, c.n_head);
+    const gpt2::test::NaiveAttention ref =
+        gpt2::test::naive_attention(x, m.c_attn_w, m.c_attn_b, m.c_proj_w, m.c_proj_b, c.n_head);
 
     gpt2::Workspace<T> ws(m.config);
     RowMatrix<T> out(c.T, c.C), probs(c.n_head * c.T, c.T);
     gpt2::attention_forward<T>(m.weights(), x, ws, out, probs);
     EXPECT_TRUE(near(out, ref.out, Tolerance<T>::rel, Tolerance<T>::abs));
     EXPECT_TRUE(near(probs, ref.probs, Tolerance<T>::rel, Tolerance<T>::abs));
-    EXPECT_TRUE(near(ws.qkv.topRows(c.T), ref.qkv, Tolerance<T>::rel,
-                     Tolerance<T>::abs));
-    EXPECT_TRUE(near(ws.merged.topRows(c.T), ref.merged, Tolerance<T>::rel,
-                     Tolerance<T>::abs));
+    EXPECT_TRUE(near(ws.qkv.topRows(c.T), ref.qkv, Tolerance<T>::rel, Tolerance<T>::abs));
+    EXPECT_TRUE(near(ws.merged.topRows(c.T), ref.merged, Tolerance<T>::rel, Tolerance<T>::abs));
 
-    EXPECT_TRUE(gpt2::attention(m.weights(), x) == out)
-        << "front door and forward must agree";
+    EXPECT_TRUE(gpt2::attention(m.weights(), x) == out) << "front door and forward must agree";
   }
 }
 
@@ -61,34 +58,29 @@ TYPED_TEST(ForwardTest, RepeatedCallsReuseTheWorkspaceAndGiveTheSameResult) {
   const Model<T> m = random_model<T>(64, 4, 3);
   const RowMatrix<T> x = random_input<T>(40, 64, 4);
   gpt2::Workspace<T> ws(m.config, 40);
-  const T *qkv = ws.qkv.data();
+  const T* qkv = ws.qkv.data();
   RowMatrix<T> a(40, 64), b(40, 64), c(10, 64);
   gpt2::attention_forward<T>(m.weights(), x, ws, a);
-  gpt2::attention_forward<T>(m.weights(), x.topRows(10), ws,
-                             c); // shorter T, same workspace
+  gpt2::attention_forward<T>(m.weights(), x.topRows(10), ws, c);  // shorter T, same workspace
   gpt2::attention_forward<T>(m.weights(), x, ws, b);
   EXPECT_TRUE(a == b);
   EXPECT_EQ(ws.qkv.data(), qkv) << "the workspace must not be reallocated";
   EXPECT_TRUE(near(c, a.topRows(10), Tolerance<T>::rel, Tolerance<T>::abs))
       << "causal: the first rows do not depend on later tokens";
-  gpt2::attention_forward<T>(m.weights(), x.topRows(1), ws,
-                             c.topRows(1)); // T = 1
-  EXPECT_TRUE(
-      near(c.topRows(1), a.topRows(1), Tolerance<T>::rel, Tolerance<T>::abs));
+  gpt2::attention_forward<T>(m.weights(), x.topRows(1), ws, c.topRows(1));  // T = 1
+  EXPECT_TRUE(near(c.topRows(1), a.topRows(1), Tolerance<T>::rel, Tolerance<T>::abs));
 }
 
-// A forward over other inputs in the same workspace (the same qkv storage, so
-// the same key pointers) must not reuse anything derived from the previous
-// call's keys (e.g. the transposed keys the AVX-512 path packs per head), on
-// the plain and the cached paths.
+// A forward over other inputs in the same workspace (the same qkv storage, so the same key
+// pointers) must not reuse anything derived from the previous call's keys (e.g. the transposed
+// keys the AVX-512 path packs per head), on the plain and the cached paths. With one head, a
+// thread's last head of one call is its first of the next.
 TYPED_TEST(ForwardTest, NothingFromAPreviousCallLeaksIntoTheNext) {
   using T = TypeParam;
-  for (const Index n_head :
-       {1, 4}) { // one head: a thread's last head is also its next first
+  for (const Index n_head : {1, 4}) {
     SCOPED_TRACE("n_head " + std::to_string(n_head));
     const Model<T> m = random_model<T>(64, n_head, 5);
-    const RowMatrix<T> x1 = random_input<T>(100, 64, 6),
-                       x2 = random_input<T>(100, 64, 7);
+    const RowMatrix<T> x1 = random_input<T>(100, 64, 6), x2 = random_input<T>(100, 64, 7);
     gpt2::Workspace<T> shared(m.config, 100);
     RowMatrix<T> first(100, 64), second(100, 64), fresh(100, 64);
     gpt2::attention_forward<T>(m.weights(), x1, shared, first);
@@ -98,14 +90,12 @@ TYPED_TEST(ForwardTest, NothingFromAPreviousCallLeaksIntoTheNext) {
     EXPECT_TRUE(second == fresh);
 
     gpt2::KVCache<T> cache(m.config, 100);
-    gpt2::attention_forward<T>(m.weights(), x1.topRows(60), cache, shared,
-                               first.topRows(60));
-    cache.truncate(20); // same positions, other contents
-    gpt2::attention_forward<T>(m.weights(), x2.middleRows(20, 40), cache,
-                               shared, second.topRows(40));
+    gpt2::attention_forward<T>(m.weights(), x1.topRows(60), cache, shared, first.topRows(60));
+    cache.truncate(20);  // same positions, other contents
+    gpt2::attention_forward<T>(m.weights(), x2.middleRows(20, 40), cache, shared,
+                               second.topRows(40));
     gpt2::KVCache<T> clean(m.config, 100);
-    gpt2::attention_forward<T>(m.weights(), x1.topRows(20), clean, own,
-                               fresh.topRows(20));
+    gpt2::attention_forward<T>(m.weights(), x1.topRows(20), clean, own, fresh.topRows(20));
     gpt2::attention_forward<T>(m.weights(), x2.middleRows(20, 40), clean, own,
                                fresh.topRows(40));
     EXPECT_TRUE(second.topRows(40) == fresh.topRows(40));
@@ -122,31 +112,27 @@ TYPED_TEST(ForwardTest, MovedFromWorkspaceIsEmptyAndGrowsAgain) {
   gpt2::Workspace<T> moved = std::move(ws);
   EXPECT_EQ(moved.capacity(), 12);
   EXPECT_EQ(moved.key_capacity(), 30);
-  EXPECT_EQ(ws.capacity(),
-            0); // NOLINT(bugprone-use-after-move): documented state
-  EXPECT_EQ(ws.key_capacity(), 0); // NOLINT(bugprone-use-after-move)
-  gpt2::attention_forward<T>(m.weights(), x, ws, b); // grows again
+  EXPECT_EQ(ws.capacity(), 0);      // NOLINT(bugprone-use-after-move): documented state
+  EXPECT_EQ(ws.key_capacity(), 0);  // NOLINT(bugprone-use-after-move)
+  gpt2::attention_forward<T>(m.weights(), x, ws, b);  // grows again
   gpt2::attention_forward<T>(m.weights(), x, moved, c);
   EXPECT_TRUE(a == b);
   EXPECT_TRUE(a == c);
   ws = std::move(moved);
   EXPECT_EQ(ws.key_capacity(), 30);
-  EXPECT_EQ(moved.capacity(), 0); // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(moved.capacity(), 0);  // NOLINT(bugprone-use-after-move)
 }
 
 TYPED_TEST(ForwardTest, WorkspaceKeyCapacityIsChecked) {
   using T = TypeParam;
   const gpt2::AttentionConfig config{64, 4};
-  EXPECT_EQ(
-      gpt2::test::error_of<gpt2::ShapeError>(
-          [&] { gpt2::Workspace<T>(config, 4, -5); }),
-      "max_keys: expected a non-negative count (or -1: max_tokens), got -5");
-  EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>(
-                [&] { gpt2::Workspace<T>(config, 4, 3); }),
+  EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>([&] { gpt2::Workspace<T>(config, 4, -5); }),
+            "max_keys: expected a non-negative count (or -1: max_tokens), got -5");
+  EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>([&] { gpt2::Workspace<T>(config, 4, 3); }),
             "max_keys: expected at least max_tokens (4), got 3");
   gpt2::Workspace<T> ws(config, 4);
   EXPECT_EQ(ws.key_capacity(), 4);
-  ws.reserve(2, 10); // more keys, fewer tokens: tokens stay
+  ws.reserve(2, 10);  // more keys, fewer tokens: tokens stay
   EXPECT_EQ(ws.capacity(), 4);
   EXPECT_EQ(ws.key_capacity(), 10);
 }
@@ -181,8 +167,7 @@ TYPED_TEST(ForwardTest, FrontDoorTakesAnyEigenExpression) {
   using T = TypeParam;
   const Model<T> m = random_model<T>(32, 2, 7);
   const RowMatrix<T> x = random_input<T>(6, 32, 8);
-  const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> x_col_major =
-      x; // other storage order
+  const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic> x_col_major = x;  // other storage order
   RowMatrix<T> probs;
   const RowMatrix<T> y1 = gpt2::attention(m.weights(), x);
   const RowMatrix<T> y2 = gpt2::attention(m.weights(), x_col_major, probs);
@@ -206,49 +191,37 @@ TEST(ForwardErrors, ShapesAreNamed) {
   const Model<float> m = random_model<float>(64, 4, 10);
   gpt2::Workspace<float> ws(m.config);
   gpt2::Workspace<float> other(gpt2::AttentionConfig{64, 8});
-  const RowMatrix<float> x = random_input<float>(5, 64, 11),
-                         x_bad = random_input<float>(5, 60, 11);
+  const RowMatrix<float> x = random_input<float>(5, 64, 11), x_bad = random_input<float>(5, 60, 11);
   RowMatrix<float> out(5, 64), out_bad(4, 64), probs_bad(5, 5);
-  EXPECT_EQ(error_of<gpt2::Error>([&] {
-              gpt2::attention_forward<float>(m.weights(), x_bad, ws, out);
-            }),
+  EXPECT_EQ(error_of<gpt2::Error>(
+                [&] { gpt2::attention_forward<float>(m.weights(), x_bad, ws, out); }),
             "x: expected shape [5, 64], got [5, 60]");
-  EXPECT_EQ(error_of<gpt2::Error>([&] {
-              gpt2::attention_forward<float>(m.weights(), x, ws, out_bad);
-            }),
+  EXPECT_EQ(error_of<gpt2::Error>(
+                [&] { gpt2::attention_forward<float>(m.weights(), x, ws, out_bad); }),
             "out: expected shape [5, 64], got [4, 64]");
-  EXPECT_EQ(error_of<gpt2::Error>([&] {
-              gpt2::attention_forward<float>(m.weights(), x, ws, out,
-                                             probs_bad);
-            }),
+  EXPECT_EQ(error_of<gpt2::Error>(
+                [&] { gpt2::attention_forward<float>(m.weights(), x, ws, out, probs_bad); }),
             "probs: expected shape [20, 5], got [5, 5]");
+  EXPECT_EQ(error_of<gpt2::Error>(
+                [&] { gpt2::attention_forward<float>(m.weights(), x, other, out); }),
+            "workspace: expected n_embd 64, n_head 4 (the weights'), got n_embd 64, n_head 8");
+  RowMatrix<float> buf(20, 64);  // out and probs carved from one buffer, overlapping
   EXPECT_EQ(error_of<gpt2::Error>([&] {
-              gpt2::attention_forward<float>(m.weights(), x, other, out);
-            }),
-            "workspace: expected n_embd 64, n_head 4 (the weights'), got "
-            "n_embd 64, n_head 8");
-  RowMatrix<float> buf(20,
-                       64); // out and probs carved from one buffer, overlapping
-  EXPECT_EQ(error_of<gpt2::Error>([&] {
-              gpt2::attention_forward<float>(m.weights(), x, ws, buf.topRows(5),
-                                             buf.leftCols(5));
+              gpt2::attention_forward<float>(m.weights(), x, ws, buf.topRows(5), buf.leftCols(5));
             }),
             "probs: must not overlap out or the workspace");
   ws.reserve(20);
   EXPECT_EQ(error_of<gpt2::Error>([&] {
-              gpt2::attention_forward<float>(
-                  m.weights(), x, ws, out,
-                  ws.qkv.topRows(20).middleCols(64, 5));
+              gpt2::attention_forward<float>(m.weights(), x, ws, out,
+                                             ws.qkv.topRows(20).middleCols(64, 5));
             }),
             "probs: must not overlap out or the workspace");
   EXPECT_EQ(error_of<gpt2::Error>([&] {
-              gpt2::attention_forward<float>(m.weights(), x, ws,
-                                             ws.merged.topRows(5));
+              gpt2::attention_forward<float>(m.weights(), x, ws, ws.merged.topRows(5));
             }),
             "out: must not overlap the workspace");
-  EXPECT_EQ(
-      error_of<gpt2::Error>([&] { (void)gpt2::attention(m.weights(), x_bad); }),
-      "x: expected shape [5, 64], got [5, 60]");
+  EXPECT_EQ(error_of<gpt2::Error>([&] { (void)gpt2::attention(m.weights(), x_bad); }),
+            "x: expected shape [5, 64], got [5, 60]");
 }
 
-} // namespace
+}  // namespace
