@@ -43,8 +43,24 @@ struct TensorInfo {
 
 namespace detail {
 
-// Largest header accepted, as in the reference implementation.
+// Largest header accepted, as in the reference implementation. The length is checked against this
+// cap and the file size before anything is allocated.
 inline constexpr std::uint64_t max_header_bytes = 100ull << 20;  // 100 MiB
+
+// Deepest nesting of objects and arrays accepted in the header. A valid header nests three levels
+// ({"name": {"shape": [...]}}); a hostile one could nest millions, and anything recursive over the
+// parsed value (nlohmann's dump(), used in messages) would then overflow the stack.
+inline constexpr int max_header_depth = 32;
+
+// Longest JSON excerpt quoted in a message; longer ones are cut and end in "...".
+inline constexpr std::size_t max_quoted_json = 80;
+
+// `v` as JSON text for a message, at most max_quoted_json characters.
+inline std::string quote_json(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > max_quoted_json) text = text.substr(0, max_quoted_json - 3) + "...";
+  return text;
+}
 
 // "label: problem"
 using gpt2::detail::file_error;
@@ -75,13 +91,18 @@ inline std::size_t read_header_length(const unsigned char* bytes, std::size_t n,
 }
 
 // Parses the JSON header. Rejects malformed JSON, duplicate keys in any object (the format
-// gives them no meaning) and a top level that is not an object.
+// gives them no meaning), nesting deeper than max_header_depth and a top level that is not an
+// object.
 inline nlohmann::json parse_header_json(const unsigned char* begin, std::size_t n,
                                         const std::string& label) {
   std::vector<std::set<std::string>> open_objects;  // keys seen in each enclosing object
-  const auto reject_duplicates = [&](int, nlohmann::json::parse_event_t event,
+  const auto reject_duplicates = [&](int depth, nlohmann::json::parse_event_t event,
                                      nlohmann::json& parsed) {
     using event_t = nlohmann::json::parse_event_t;
+    if ((event == event_t::object_start || event == event_t::array_start) &&
+        depth >= max_header_depth)
+      throw file_error(label, "header nests objects and arrays deeper than " +
+                                  std::to_string(max_header_depth) + " levels");
     if (event == event_t::object_start) open_objects.emplace_back();
     if (event == event_t::object_end && !open_objects.empty()) open_objects.pop_back();
     if (event == event_t::key && !open_objects.empty()) {
@@ -117,7 +138,7 @@ inline std::optional<std::uint64_t> json_to_count(const nlohmann::json& v, std::
   }
   problem =
       std::string("expected a non-negative integer, got ") +
-      (v.is_number_float() ? "the non-integer number " + v.dump() : std::string(v.type_name()));
+      (v.is_number_float() ? "the non-integer number " + quote_json(v) : std::string(v.type_name()));
   return std::nullopt;
 }
 
@@ -130,7 +151,7 @@ inline Dtype parse_dtype(const nlohmann::json& entry, const std::string& label,
     throw tensor_error(label, name,
                        std::string("'dtype' must be a string, got ") + it->type_name());
   const std::optional<Dtype> dtype = dtype_from_name(it->get_ref<const std::string&>());
-  if (!dtype) throw tensor_error(label, name, "unknown dtype " + it->dump());
+  if (!dtype) throw tensor_error(label, name, "unknown dtype " + quote_json(*it));
   return *dtype;
 }
 
@@ -148,9 +169,9 @@ inline std::vector<std::int64_t> parse_shape(const nlohmann::json& entry, const 
     const std::optional<std::uint64_t> d = json_to_count((*it)[i], problem);
     if (!d)
       throw tensor_error(label, name,
-                         "shape " + it->dump() + ": entry " + std::to_string(i) + ": " + problem);
+                         "shape " + quote_json(*it) + ": entry " + std::to_string(i) + ": " + problem);
     if (*d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-      throw tensor_error(label, name, "shape " + it->dump() + ": dimension too large");
+      throw tensor_error(label, name, "shape " + quote_json(*it) + ": dimension too large");
     shape.push_back(static_cast<std::int64_t>(*d));
   }
   return shape;
@@ -175,12 +196,12 @@ inline std::size_t parse_data_offsets(const nlohmann::json& entry, std::size_t d
   if (it == entry.end()) throw tensor_error(label, name, "missing 'data_offsets'");
   if (!it->is_array() || it->size() != 2)
     throw tensor_error(label, name,
-                       "'data_offsets' must be an array [begin, end], got " + it->dump());
+                       "'data_offsets' must be an array [begin, end], got " + quote_json(*it));
   std::array<std::uint64_t, 2> offsets{};
   for (std::size_t i = 0; i < 2; ++i) {
     std::string problem;
     const std::optional<std::uint64_t> v = json_to_count((*it)[i], problem);
-    if (!v) throw tensor_error(label, name, "data_offsets " + it->dump() + ": " + problem);
+    if (!v) throw tensor_error(label, name, "data_offsets " + quote_json(*it) + ": " + problem);
     offsets[i] = *v;
   }
   const std::string where =
