@@ -57,4 +57,62 @@ TEST(FuzzReplay, Safetensors) { replay("safetensors", gpt2::fuzz::safetensors_in
 TEST(FuzzReplay, Npy) { replay("npy", gpt2::fuzz::npy_input, true); }
 TEST(FuzzReplay, CliArgs) { replay("cli", gpt2::fuzz::cli_args_input, true); }
 
+// ---------------------------------------------------------------------------------------------
+// Hostile inputs: regressions
+// ---------------------------------------------------------------------------------------------
+
+// A safetensors file from its JSON header (and no data).
+std::vector<unsigned char> safetensors_bytes(const std::string& header) {
+  std::vector<unsigned char> b(8);
+  for (int i = 0; i < 8; ++i) b[static_cast<std::size_t>(i)] = (header.size() >> (8 * i)) & 0xFF;
+  b.insert(b.end(), header.begin(), header.end());
+  return b;
+}
+
+// Found in review while writing the fuzz targets (libFuzzer's 8 KiB inputs nest too little to
+// reach it): a shape nested 100000 deep was parsed (nlohmann's parser is iterative) and then
+// quoted in the error message with json::dump(), which recurses once per level and overflowed the
+// stack (SIGSEGV). Now any nesting deeper than 32 levels is rejected while parsing.
+TEST(FuzzRegressions, DeeplyNestedSafetensorsHeaderIsRejectedWithoutRecursion) {
+  for (const std::size_t depth : {std::size_t(33), std::size_t(100000), std::size_t(1000000)}) {
+    const std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":" + std::string(depth, '[') +
+                               std::string(depth, ']') + ",\"data_offsets\":[0,0]}}";
+    const std::vector<unsigned char> b = safetensors_bytes(header);
+    EXPECT_EQ(error_of<gpt2::FormatError>([&] {
+                gpt2::safetensors::File::parse(b.data(), b.size(), "deep.safetensors");
+              }),
+              "deep.safetensors: header nests objects and arrays deeper than 32 levels")
+        << "depth " << depth;
+    EXPECT_EQ(gpt2::fuzz::safetensors_input(b.data(), b.size()), 0);
+  }
+  // 32 levels deep is still parsed (and then rejected for what it is: a shape entry that is an
+  // array).
+  const std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":" + std::string(30, '[') +
+                             std::string(30, ']') + ",\"data_offsets\":[0,0]}}";
+  const std::vector<unsigned char> b = safetensors_bytes(header);
+  EXPECT_TRUE(Contains(error_of<gpt2::FormatError>([&] {
+                         gpt2::safetensors::File::parse(b.data(), b.size(), "deep.safetensors");
+                       }),
+                       "entry 0: expected a non-negative integer, got array"));
+}
+
+// A header field of megabytes is quoted in a message in at most 80 characters.
+TEST(FuzzRegressions, LongJsonIsQuotedShortInMessages) {
+  const std::string dtype(1 << 20, 'X');
+  const std::vector<unsigned char> b = safetensors_bytes(
+      "{\"w\":{\"dtype\":\"" + dtype + "\",\"shape\":[],\"data_offsets\":[0,0]}}");
+  const std::string message = error_of<gpt2::FormatError>(
+      [&] { gpt2::safetensors::File::parse(b.data(), b.size(), "long.safetensors"); });
+  EXPECT_EQ(message, "long.safetensors: tensor 'w': unknown dtype \"" + std::string(76, 'X') + "...");
+  std::string shape = "[";
+  for (int i = 0; i < 100000; ++i) shape += "1,";
+  shape += "-1]";
+  const std::vector<unsigned char> s = safetensors_bytes(
+      "{\"w\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[0,0]}}");
+  const std::string m2 = error_of<gpt2::FormatError>(
+      [&] { gpt2::safetensors::File::parse(s.data(), s.size(), "long.safetensors"); });
+  EXPECT_LT(m2.size(), 200u) << m2;
+  EXPECT_TRUE(Contains(m2, "entry 100000: negative value -1"));
+}
+
 }  // namespace
