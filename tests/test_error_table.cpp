@@ -345,7 +345,7 @@ void library_rows(Table& t) {
   t.lib("safetensors", "a file that does not exist", [] { File::open("/nonexistent/w.safetensors"); });
   t.lib("safetensors", "a directory", [] { File::open("/"); });
   t.lib("safetensors", "shorter than 8 bytes", [] { parse_st({1, 2, 3}); });
-  t.lib("safetensors", "header length over the 100 MiB cap", [] {
+  t.lib("safetensors", "header length over the 16 MiB cap", [] {
     std::vector<unsigned char> b = st_bytes("{}");
     b[5] = 1;  // 2^40 + 2
     parse_st(b);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -94,6 +95,31 @@ TEST(FuzzRegressions, DeeplyNestedSafetensorsHeaderIsRejectedWithoutRecursion) {
                          gpt2::safetensors::File::parse(b.data(), b.size(), "deep.safetensors");
                        }),
                        "entry 0: expected a non-negative integer, got array"));
+}
+
+// Found while measuring what a large hostile header costs: the duplicate-key check ran as a parser
+// callback, and nlohmann's callback parser scans the enclosing object at the end of every nested
+// object, so n tensors cost O(n^2): a 10 MiB header of 180000 empty tensors ran for over 10 minutes.
+// Now a separate SAX pass checks keys and nesting, and parsing is linear (about a second here).
+TEST(FuzzRegressions, HeaderOfManyTensorsParsesInLinearTime) {
+  constexpr int n = 100000;
+  std::string header = "{";
+  for (int i = 0; i < n; ++i)
+    header += (i ? ",\"t" : "\"t") + std::to_string(i) +
+              "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  header += "}";
+  const std::vector<unsigned char> b = safetensors_bytes(header);
+  const auto start = std::chrono::steady_clock::now();
+  const gpt2::safetensors::File file = gpt2::safetensors::File::parse(b.data(), b.size(), "many");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(file.tensor_count(), static_cast<std::size_t>(n));
+  EXPECT_LT(seconds, 60.0) << "quadratic parsing took minutes";
+  // A duplicate among them is still found.
+  const std::vector<unsigned char> dup = safetensors_bytes(
+      header.substr(0, header.size() - 1) + ",\"t77\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}");
+  EXPECT_EQ(error_of<gpt2::FormatError>([&] { gpt2::safetensors::File::parse(dup.data(), dup.size(), "many"); }),
+            "many: header has a duplicate key 't77'");
 }
 
 // A header field of megabytes is quoted in a message in at most 80 characters.
