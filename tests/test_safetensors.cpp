@@ -491,6 +491,23 @@ TEST(SafetensorsMalformed, HugeHeaderLength) {
       Contains(parse_error(raw_file("{}", {}, 1000)), "header length 1000 exceeds the file"));
 }
 
+// The cap is 16 MiB (gpt2::safetensors::detail::max_header_bytes): a header of exactly that size is
+// read, one byte more is refused before anything is read or allocated.
+TEST(SafetensorsMalformed, HeaderCapIs16MiB) {
+  constexpr std::size_t cap = std::size_t{16} << 20;
+  static_assert(gpt2::safetensors::detail::max_header_bytes == cap, "the cap the README states");
+  std::string header = "{}";
+  header.resize(cap, ' ');
+  std::vector<unsigned char> b(8);
+  for (int i = 0; i < 8; ++i) b[static_cast<std::size_t>(i)] = (header.size() >> (8 * i)) & 0xFF;
+  b.insert(b.end(), header.begin(), header.end());
+  EXPECT_EQ(File::parse(b.data(), b.size()).tensor_count(), 0u);
+  b.push_back(' ');
+  b[0] = static_cast<unsigned char>(b[0] + 1);  // cap + 1: the low byte of 2^24 is 0
+  EXPECT_EQ(error_of<FormatError>([&] { File::parse(b.data(), b.size(), "big"); }),
+            "big: header length 16777217 exceeds the cap of 16777216 bytes (16 MiB)");
+}
+
 TEST(SafetensorsMalformed, BadJson) {
   EXPECT_TRUE(Contains(parse_error(raw_file("{\"w\": ")), "header is not well-formed JSON"));
   EXPECT_TRUE(Contains(parse_error(raw_file("{} trailing")), "not well-formed JSON"));

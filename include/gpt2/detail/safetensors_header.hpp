@@ -43,8 +43,27 @@ struct TensorInfo {
 
 namespace detail {
 
-// Largest header accepted, as in the reference implementation.
-inline constexpr std::uint64_t max_header_bytes = 100ull << 20;  // 100 MiB
+// Largest header accepted: 16 MiB. The length is checked against this cap and the file size before
+// anything is allocated. Parsing holds about 17 bytes per header byte (a header of empty tensors,
+// the worst case: 10 MiB -> 180 MB), so the cap bounds what a hostile header can cost to about
+// 300 MB. The reference implementation allows 100 MB; real headers are far smaller (a tensor's
+// entry is about 100 bytes: 16 MiB is over 100000 tensors).
+inline constexpr std::uint64_t max_header_bytes = 16ull << 20;  // 16 MiB
+
+// Deepest nesting of objects and arrays accepted in the header. A valid header nests three levels
+// ({"name": {"shape": [...]}}); a hostile one could nest millions, and anything recursive over the
+// parsed value (nlohmann's dump(), used in messages) would then overflow the stack.
+inline constexpr int max_header_depth = 32;
+
+// Longest JSON excerpt quoted in a message; longer ones are cut and end in "...".
+inline constexpr std::size_t max_quoted_json = 80;
+
+// `v` as JSON text for a message, at most max_quoted_json characters.
+inline std::string quote_json(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > max_quoted_json) text = text.substr(0, max_quoted_json - 3) + "...";
+  return text;
+}
 
 // "label: problem"
 using gpt2::detail::file_error;
@@ -55,7 +74,7 @@ inline FormatError tensor_error(const std::string& label, const std::string& nam
   return FormatError(label + ": tensor '" + name + "': " + problem);
 }
 
-// Reads the 8-byte little-endian header length and checks it against the 100 MiB cap and the
+// Reads the 8-byte little-endian header length and checks it against the 16 MiB cap and the
 // file size, before anything is allocated. Returns N.
 inline std::size_t read_header_length(const unsigned char* bytes, std::size_t n,
                                       const std::string& label) {
@@ -66,7 +85,7 @@ inline std::size_t read_header_length(const unsigned char* bytes, std::size_t n,
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
   if (header_len > max_header_bytes)
     throw file_error(label, "header length " + std::to_string(header_len) + " exceeds the cap of " +
-                                std::to_string(max_header_bytes) + " bytes (100 MiB)");
+                                std::to_string(max_header_bytes) + " bytes (16 MiB)");
   if (header_len > n - 8)
     throw file_error(label, "header length " + std::to_string(header_len) +
                                 " exceeds the file: only " + std::to_string(n - 8) +
@@ -74,31 +93,77 @@ inline std::size_t read_header_length(const unsigned char* bytes, std::size_t n,
   return static_cast<std::size_t>(header_len);
 }
 
-// Parses the JSON header. Rejects malformed JSON, duplicate keys in any object (the format
-// gives them no meaning) and a top level that is not an object.
+// First pass over the header: rejects duplicate keys in any object (the format gives them no
+// meaning) and nesting deeper than max_header_depth, without building anything. Its own SAX
+// handler, not a parser callback: nlohmann's callback parser scans the enclosing object at the end
+// of every nested object (linear in its size), so a header of n tensors would cost O(n^2).
+class HeaderChecker : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit HeaderChecker(const std::string& label) : label_(label) {}
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open();
+    keys_.emplace_back();
+    return true;
+  }
+  bool key(string_t& key) override {
+    if (!keys_.back().insert(key).second)
+      throw gpt2::detail::file_error(label_, "header has a duplicate key '" + key + "'");
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    open();
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&,
+                   const nlohmann::json::exception& e) override {
+    throw gpt2::detail::file_error(label_, std::string("header is not well-formed JSON: ") + e.what());
+  }
+
+ private:
+  void open() {
+    if (depth_ >= max_header_depth)
+      throw gpt2::detail::file_error(label_, "header nests objects and arrays deeper than " +
+                                                 std::to_string(max_header_depth) + " levels");
+    ++depth_;
+  }
+
+  const std::string& label_;
+  int depth_ = 0;                             // open objects and arrays
+  std::vector<std::set<std::string>> keys_;   // keys seen in each open object
+};
+
+// Parses the JSON header. Rejects malformed JSON, duplicate keys in any object, nesting deeper
+// than max_header_depth and a top level that is not an object. Linear in the header's size: a
+// checking pass (HeaderChecker), then nlohmann's plain DOM parser.
 inline nlohmann::json parse_header_json(const unsigned char* begin, std::size_t n,
                                         const std::string& label) {
-  std::vector<std::set<std::string>> open_objects;  // keys seen in each enclosing object
-  const auto reject_duplicates = [&](int, nlohmann::json::parse_event_t event,
-                                     nlohmann::json& parsed) {
-    using event_t = nlohmann::json::parse_event_t;
-    if (event == event_t::object_start) open_objects.emplace_back();
-    if (event == event_t::object_end && !open_objects.empty()) open_objects.pop_back();
-    if (event == event_t::key && !open_objects.empty()) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (!open_objects.back().insert(key).second)
-        throw file_error(label, "header has a duplicate key '" + key + "'");
-    }
-    return true;
-  };
   // nlohmann-json stops at a NUL byte as at the end of input; valid JSON text never contains one.
   if (const void* nul = std::memchr(begin, 0, n))
     throw file_error(label, "header is not well-formed JSON: NUL byte at offset " +
                                 std::to_string(static_cast<const unsigned char*>(nul) - begin));
+  HeaderChecker checker(label);
+  nlohmann::json::sax_parse(begin, begin + n, &checker);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(begin, begin + n, reject_duplicates);
-  } catch (const nlohmann::json::exception& e) {
+    header = nlohmann::json::parse(begin, begin + n);
+  } catch (const nlohmann::json::exception& e) {  // not expected after the checking pass
     throw file_error(label, std::string("header is not well-formed JSON: ") + e.what());
   }
   if (!header.is_object())
@@ -117,7 +182,7 @@ inline std::optional<std::uint64_t> json_to_count(const nlohmann::json& v, std::
   }
   problem =
       std::string("expected a non-negative integer, got ") +
-      (v.is_number_float() ? "the non-integer number " + v.dump() : std::string(v.type_name()));
+      (v.is_number_float() ? "the non-integer number " + quote_json(v) : std::string(v.type_name()));
   return std::nullopt;
 }
 
@@ -130,7 +195,7 @@ inline Dtype parse_dtype(const nlohmann::json& entry, const std::string& label,
     throw tensor_error(label, name,
                        std::string("'dtype' must be a string, got ") + it->type_name());
   const std::optional<Dtype> dtype = dtype_from_name(it->get_ref<const std::string&>());
-  if (!dtype) throw tensor_error(label, name, "unknown dtype " + it->dump());
+  if (!dtype) throw tensor_error(label, name, "unknown dtype " + quote_json(*it));
   return *dtype;
 }
 
@@ -148,9 +213,9 @@ inline std::vector<std::int64_t> parse_shape(const nlohmann::json& entry, const 
     const std::optional<std::uint64_t> d = json_to_count((*it)[i], problem);
     if (!d)
       throw tensor_error(label, name,
-                         "shape " + it->dump() + ": entry " + std::to_string(i) + ": " + problem);
+                         "shape " + quote_json(*it) + ": entry " + std::to_string(i) + ": " + problem);
     if (*d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-      throw tensor_error(label, name, "shape " + it->dump() + ": dimension too large");
+      throw tensor_error(label, name, "shape " + quote_json(*it) + ": dimension too large");
     shape.push_back(static_cast<std::int64_t>(*d));
   }
   return shape;
@@ -175,12 +240,12 @@ inline std::size_t parse_data_offsets(const nlohmann::json& entry, std::size_t d
   if (it == entry.end()) throw tensor_error(label, name, "missing 'data_offsets'");
   if (!it->is_array() || it->size() != 2)
     throw tensor_error(label, name,
-                       "'data_offsets' must be an array [begin, end], got " + it->dump());
+                       "'data_offsets' must be an array [begin, end], got " + quote_json(*it));
   std::array<std::uint64_t, 2> offsets{};
   for (std::size_t i = 0; i < 2; ++i) {
     std::string problem;
     const std::optional<std::uint64_t> v = json_to_count((*it)[i], problem);
-    if (!v) throw tensor_error(label, name, "data_offsets " + it->dump() + ": " + problem);
+    if (!v) throw tensor_error(label, name, "data_offsets " + quote_json(*it) + ": " + problem);
     offsets[i] = *v;
   }
   const std::string where =
