@@ -289,16 +289,11 @@ TYPED_TEST(EdgeCases, NaNOrInfInOneSequenceStaysInItsSequence) {
   }
 }
 
-// The plain (prefill) forward: rows before r must be bit for bit the clean run's.
-//
-// DISABLED: fails today (reported to the kernel owner). causal_attention_head computes a tile of up
-// to 64 query rows at once: y_tile = att v_visible, where att holds exact zeros above the diagonal
-// but v_visible includes the rows of later tokens of the tile. A NaN or Inf in v row r then
-// reaches every earlier row i of r's tile through 0 * NaN = NaN (and 0 * Inf = NaN): rows
-// 64 * floor(r / 64) .. r - 1 become NaN. The cached one-token path above is unaffected (its tile
-// has one row). Fix in the kernel: limit each row's product to its visible keys, or multiply the
-// tile's strictly-upper triangle out of the product (e.g. sub-blocks along the diagonal).
-TYPED_TEST(EdgeCases, DISABLED_NaNOrInfInOneRowStaysInLaterRowsInOneForward) {
+// The plain (prefill) forward: rows before r must be bit for bit the clean run's. (A tile of up to
+// 64 query rows once multiplied its whole score block by the tile's values, so a NaN or Inf in
+// value row r reached the tile's earlier rows through 0 * NaN; attention_row_tile now multiplies
+// each row only by the values it can see.)
+TYPED_TEST(EdgeCases, NaNOrInfInOneRowStaysInLaterRowsInOneForward) {
   using T = TypeParam;
   const Model<T> model = gpt2::test::random_model<T>(kC, kHeads, 9);
   const AttentionWeights<T> w = model.weights();
