@@ -116,27 +116,32 @@ inline void row_times_matrix(Index N, Index K, const float* a, const float* B, I
   for (; j0 < N; j0 += 64) row_strip<4>(j0, N, K, a, B, ldb, c);
 }
 
-inline constexpr Index kRowBlock = 48;  // rows of A per block: A's [48, 128] block (24 KB) in L1
+inline constexpr Index kRowBlock = 48;    // rows of A per block: A's [48, 128] block (24 KB) in L1
+inline constexpr Index kColBlock = 768;   // columns of B per block: B's [128, 768] block (384 KB) in L2
 
 // C[M, N] += A[M, K] * B[K, N]; row-major with row strides lda, ldb, ldc; C must not overlap A
-// or B. Passes over K in blocks of kDepthBlock; within a pass, each block of kRowBlock rows of A
-// stays in L1 while the 32-column panels of B go by, each swept down the block's row tiles.
+// or B. For each block of kColBlock columns and kRowBlock rows, passes over K in blocks of
+// kDepthBlock: A's [kRowBlock, kDepthBlock] block stays in L1 while the 32-column panels of B's
+// block (in L2) go by, each swept down the block's row tiles.
 inline void gemm(Index M, Index N, Index K, const float* A, Index lda, const float* B, Index ldb,
                  float* C, Index ldc) {
   if (M == 1) {
     row_times_matrix(N, K, A, B, ldb, C);
     return;
   }
-  for (Index ib = 0; ib < M; ib += kRowBlock) {
-    const Index block_rows = std::min(kRowBlock, M - ib);
-    for (Index k0 = 0; k0 < K; k0 += kDepthBlock) {
-      const Index depth = std::min(kDepthBlock, K - k0);
-      for (Index j0 = 0; j0 < N; j0 += kTileCols) {
-        const __mmask16 m0 = lanes(j0, N), m1 = lanes(j0 + 16, N);
-        for (Index i0 = ib; i0 < ib + block_rows; i0 += kTileRows) {
-          const int rows = static_cast<int>(std::min<Index>(kTileRows, ib + block_rows - i0));
-          micro_tile_rows(rows, A + i0 * lda + k0, lda, B + k0 * ldb + j0, ldb,
-                          C + i0 * ldc + j0, ldc, depth, m0, m1);
+  for (Index jb = 0; jb < N; jb += kColBlock) {
+    const Index block_end = std::min(N, jb + kColBlock);
+    for (Index ib = 0; ib < M; ib += kRowBlock) {
+      const Index block_rows = std::min(kRowBlock, M - ib);
+      for (Index k0 = 0; k0 < K; k0 += kDepthBlock) {
+        const Index depth = std::min(kDepthBlock, K - k0);
+        for (Index j0 = jb; j0 < block_end; j0 += kTileCols) {
+          const __mmask16 m0 = lanes(j0, block_end), m1 = lanes(j0 + 16, block_end);
+          for (Index i0 = ib; i0 < ib + block_rows; i0 += kTileRows) {
+            const int rows = static_cast<int>(std::min<Index>(kTileRows, ib + block_rows - i0));
+            micro_tile_rows(rows, A + i0 * lda + k0, lda, B + k0 * ldb + j0, ldb,
+                            C + i0 * ldc + j0, ldc, depth, m0, m1);
+          }
         }
       }
     }
