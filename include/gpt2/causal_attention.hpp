@@ -174,7 +174,7 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
       }
       avx512::gemm(nb, n_visible, head_dim, q.data() + r0 * q.outerStride(), q.outerStride(),
                    scratch.keys_t.data(), scratch.keys_t.outerStride(), att.data(),
-                   att.outerStride());
+                   att.outerStride(), scratch.scores_gemm.packed_b());
       att *= scale;
       scored = true;
     }

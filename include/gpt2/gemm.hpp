@@ -38,6 +38,7 @@ class GemmScratch {
   // they grow; a smaller request keeps the current buffers). Strong guarantee: if the allocation
   // throws, the scratch is unchanged.
   void reserve(Index max_m, Index max_n, Index max_k) {
+    reserve_packed_b();
     if (fits(max_m, max_n, max_k)) return;
     const Index m = std::max(max_m, max_m_), n = std::max(max_n, max_n_), k = std::max(max_k, max_k_);
     auto blocking = std::make_unique<Blocking>(m, n, k, 1, true);
@@ -59,13 +60,28 @@ class GemmScratch {
 
   // Bytes of the packing buffers held.
   Index bytes() const {
-    if (!blocking_) return 0;
+    const Index packed = packed_b_.size() * static_cast<Index>(sizeof(T));
+    if (!blocking_) return packed;
     Blocking& b = *blocking_;
-    return (b.mc() * b.kc() + b.kc() * b.nc()) * static_cast<Index>(sizeof(T));
+    return packed + (b.mc() * b.kc() + b.kc() * b.nc()) * static_cast<Index>(sizeof(T));
+  }
+
+  // The AVX-512 float kernel's buffer for B's blocks (gemm_kernel.hpp: kPackedSize floats, 64-byte
+  // aligned), allocated by reserve() or here on first use. Empty for other types and builds.
+  T* packed_b() {
+    reserve_packed_b();
+    return packed_b_.data();
   }
 
  private:
+  void reserve_packed_b() {
+#if GPT2_ATTENTION_AVX512_GEMM
+    if (std::is_same<T, float>::value && packed_b_.size() == 0) packed_b_.resize(detail::avx512::kPackedSize);
+#endif
+  }
+
   std::unique_ptr<Blocking> blocking_;
+  Eigen::Matrix<T, Eigen::Dynamic, 1> packed_b_;  // Eigen allocates it aligned for the widest packet
   Index max_m_ = 0, max_n_ = 0, max_k_ = 0;
 };
 
@@ -132,7 +148,7 @@ void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::Matri
   if constexpr (std::is_same<T, float>::value) {
     if (op_b == Op::None && alpha == T(1)) {  // the projections and att v
       detail::avx512::gemm(M, N, K, A.data(), A.outerStride(), B.data(), B.outerStride(), C.data(),
-                           C.outerStride());
+                           C.outerStride(), scratch.packed_b());
       return;
     }
   }

@@ -116,31 +116,50 @@ inline void row_times_matrix(Index N, Index K, const float* a, const float* B, I
   for (; j0 < N; j0 += 64) row_strip<4>(j0, N, K, a, B, ldb, c);
 }
 
-inline constexpr Index kRowBlock = 48;    // rows of A per block: A's [48, 128] block (24 KB) in L1
-inline constexpr Index kColBlock = 768;   // columns of B per block: B's [128, 768] block (384 KB) in L2
+inline constexpr Index kRowBlock = 48;   // rows of A per block: A's [48, 128] block (24 KB) in L1
+inline constexpr Index kColBlock = 256;  // columns of B per packed block
+// Floats of the buffer gemm packs B's blocks into: [kColBlock / 32 panels][kDepthBlock][32].
+inline constexpr Index kPackedSize = kDepthBlock * kColBlock;
+
+// packed[p][k][0 .. 32) = B[k, 32 p .. 32 p + 32) for k < depth and the panels of `cols` columns
+// (zeros past them). B is row-major with row stride ldb; packed is 64-byte aligned. Packing makes
+// the kernel's reads of B contiguous, whatever B's row stride: its speed then no longer depends on
+// where B's rows fall in the caches (a strided B ran up to 2x slower from one run to the next).
+inline void pack_b(const float* B, Index ldb, Index depth, Index cols, float* packed) {
+  for (Index j0 = 0; j0 < cols; j0 += kTileCols) {
+    const __mmask16 m0 = lanes(j0, cols), m1 = lanes(j0 + 16, cols);
+    float* dst = packed + (j0 / kTileCols) * depth * kTileCols;
+    for (Index k = 0; k < depth; ++k) {
+      _mm512_store_ps(dst + k * kTileCols, _mm512_maskz_loadu_ps(m0, B + k * ldb + j0));
+      _mm512_store_ps(dst + k * kTileCols + 16, _mm512_maskz_loadu_ps(m1, B + k * ldb + j0 + 16));
+    }
+  }
+}
 
 // C[M, N] += A[M, K] * B[K, N]; row-major with row strides lda, ldb, ldc; C must not overlap A
-// or B. For each block of kColBlock columns and kRowBlock rows, passes over K in blocks of
-// kDepthBlock: A's [kRowBlock, kDepthBlock] block stays in L1 while the 32-column panels of B's
-// block (in L2) go by, each swept down the block's row tiles.
+// or B; packed: kPackedSize floats, 64-byte aligned. For each block of kColBlock columns and
+// kDepthBlock depths, B's block is packed once, then swept by every row tile of A (A's
+// [kRowBlock, kDepthBlock] blocks stay in L1, the packed block in L2).
 inline void gemm(Index M, Index N, Index K, const float* A, Index lda, const float* B, Index ldb,
-                 float* C, Index ldc) {
+                 float* C, Index ldc, float* packed) {
   if (M == 1) {
     row_times_matrix(N, K, A, B, ldb, C);
     return;
   }
   for (Index jb = 0; jb < N; jb += kColBlock) {
-    const Index block_end = std::min(N, jb + kColBlock);
-    for (Index ib = 0; ib < M; ib += kRowBlock) {
-      const Index block_rows = std::min(kRowBlock, M - ib);
-      for (Index k0 = 0; k0 < K; k0 += kDepthBlock) {
-        const Index depth = std::min(kDepthBlock, K - k0);
-        for (Index j0 = jb; j0 < block_end; j0 += kTileCols) {
-          const __mmask16 m0 = lanes(j0, block_end), m1 = lanes(j0 + 16, block_end);
+    const Index cols = std::min(kColBlock, N - jb);
+    for (Index k0 = 0; k0 < K; k0 += kDepthBlock) {
+      const Index depth = std::min(kDepthBlock, K - k0);
+      pack_b(B + k0 * ldb + jb, ldb, depth, cols, packed);
+      for (Index ib = 0; ib < M; ib += kRowBlock) {
+        const Index block_rows = std::min(kRowBlock, M - ib);
+        for (Index j0 = 0; j0 < cols; j0 += kTileCols) {
+          const __mmask16 m0 = lanes(j0, cols), m1 = lanes(j0 + 16, cols);
+          const float* panel = packed + (j0 / kTileCols) * depth * kTileCols;
           for (Index i0 = ib; i0 < ib + block_rows; i0 += kTileRows) {
             const int rows = static_cast<int>(std::min<Index>(kTileRows, ib + block_rows - i0));
-            micro_tile_rows(rows, A + i0 * lda + k0, lda, B + k0 * ldb + j0, ldb,
-                            C + i0 * ldc + j0, ldc, depth, m0, m1);
+            micro_tile_rows(rows, A + i0 * lda + k0, lda, panel, kTileCols,
+                            C + i0 * ldc + jb + j0, ldc, depth, m0, m1);
           }
         }
       }
