@@ -185,16 +185,23 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
                        scratch.scores_gemm);
   // causal softmax: row i sees keys 0 .. n_past + r0 + i
   for (Index i = 0; i < nb; ++i) causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
-  // y_tile = att v_visible, in two parts so that no row touches a value it cannot see (an exact 0
-  // times a NaN or Inf value would still be NaN): the keys before the tile, which every row sees,
-  // in one product; then the tile's own keys, row i taking only keys base .. base + i.
+  // y_tile = att v_visible. The tile's rows see different numbers of its own keys; where they do
+  // not see one, att holds an exact 0, and 0 times a finite value changes no sum, so one product
+  // over all n_visible keys is exact. But 0 times a NaN or Inf value is NaN: if the tile's own
+  // values hold one, the keys before the tile (seen by every row) go in one product, and each row
+  // then takes only its visible own keys base .. base + i.
   const Index base = n_past + r0;
   MatrixRef<T> y = out.middleRows(r0, nb);
   y.setZero();
-  gemm_accumulate<T>(T(1), att.leftCols(base), v.topRows(base), Op::None, y, scratch.values_gemm);
-  for (Index i = 0; i < nb; ++i)
-    gemm_accumulate<T>(T(1), att.block(i, base, 1, i + 1), v.middleRows(base, i + 1), Op::None,
-                       y.row(i), scratch.values_gemm);
+  if (v.middleRows(base, nb).allFinite()) {
+    gemm_accumulate<T>(T(1), att, v.topRows(n_visible), Op::None, y, scratch.values_gemm);
+  } else {
+    gemm_accumulate<T>(T(1), att.leftCols(base), v.topRows(base), Op::None, y,
+                       scratch.values_gemm);
+    for (Index i = 0; i < nb; ++i)
+      gemm_accumulate<T>(T(1), att.block(i, base, 1, i + 1), v.middleRows(base, i + 1), Op::None,
+                         y.row(i), scratch.values_gemm);
+  }
 
   if (probs) {
     probs->middleRows(r0, nb).leftCols(n_visible) = att;
