@@ -11,6 +11,7 @@
 //   stage_qkv/T:N, stage_attention/T:N, stage_proj/T:N   the three stages of prefill
 //   peak_fma                    the machine's FMA peak on that many cores
 //   bandwidth                   read bandwidth from DRAM on that many cores (`bytes_per_second`)
+//   bandwidth_cached            the same over 16 MB, which stays in the last-level cache
 // Counters: `flops` (FLOP/s) and `tokens_per_second`, both over wall-clock time (measured here:
 // Google Benchmark's rate counters divide by the main thread's CPU time, and its real-time mode
 // renames the benchmarks). Compare runs from --benchmark_format=json output (bench/compare.py).
@@ -342,11 +343,10 @@ void peak_fma(benchmark::State& state) {
 #endif
 }
 
-// Sums a 512 MB buffer (far larger than the last-level cache) split over the threads.
-void bandwidth(benchmark::State& state) {
+// Sums a buffer split over the threads: bytes_per_second is the read bandwidth.
+void read_bandwidth(benchmark::State& state, const Eigen::VectorXf& buffer) {
   if (!use_threads(state, 0)) return;
   const int n = static_cast<int>(state.range(0));
-  static const Eigen::VectorXf buffer = Eigen::VectorXf::Ones(Index(128) << 20);
   const Index size = buffer.size();
   std::vector<float> sums(static_cast<std::size_t>(n));
   WallClock clock;
@@ -364,6 +364,19 @@ void bandwidth(benchmark::State& state) {
       4.0 * static_cast<double>(size) * static_cast<double>(state.iterations()) / clock.seconds();
 }
 
+// From DRAM: a 512 MB buffer, far larger than the last-level cache (the bound of decode_model).
+void bandwidth(benchmark::State& state) {
+  static const Eigen::VectorXf buffer = Eigen::VectorXf::Ones(Index(128) << 20);
+  read_bandwidth(state, buffer);
+}
+
+// From the caches: 16 MB, about what one decode step reads with a 1023-token cache (the bound of
+// decode/past:1023, whose weights and cache stay cached from step to step).
+void bandwidth_cached(benchmark::State& state) {
+  static const Eigen::VectorXf buffer = Eigen::VectorXf::Ones(Index(4) << 20);
+  read_bandwidth(state, buffer);
+}
+
 const std::vector<int64_t> kThreads = {1, 2};
 const std::vector<int64_t> kPrefillTokens = {64, 128, 256, 512, 1024, 2048};
 const std::vector<int64_t> kTokens = {64, 256, 1024};
@@ -378,6 +391,7 @@ BENCHMARK(stage_attention)->Name("stage_attention")->ArgsProduct({kTokens, kThre
 BENCHMARK(stage_proj)->Name("stage_proj")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(peak_fma)->Name("peak_fma")->ArgsProduct({kThreads})->ArgNames({"threads"});
 BENCHMARK(bandwidth)->Name("bandwidth")->ArgsProduct({kThreads})->ArgNames({"threads"})->Unit(benchmark::kMillisecond);
+BENCHMARK(bandwidth_cached)->Name("bandwidth_cached")->ArgsProduct({kThreads})->ArgNames({"threads"})->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
