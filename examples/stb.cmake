@@ -6,7 +6,7 @@ if(NOT TARGET gpt2::stb)
   find_library(GPT2_STB_LIBRARY stb)
   if(NOT GPT2_STB_INCLUDE_DIR OR NOT GPT2_STB_LIBRARY)
     message(FATAL_ERROR
-      "GPT2_ATTENTION_BUILD_EXAMPLES: the gpt2-attention CLI writes PNGs with stb_image_write, "
+      "the gpt2-attention CLI (and the tests that include its headers) writes PNGs with stb_image_write, "
       "which was not found (Debian: libstb-dev; scripts/install-deps.sh installs it). Install it or "
       "configure with -DGPT2_ATTENTION_BUILD_EXAMPLES=OFF.")
   endif()
