@@ -197,7 +197,12 @@ TEST(ParallelTasks, RethrowsTheFirstExceptionAfterAllThreadsStop) {
                                                 if (task == 3) throw std::runtime_error("task 3");
                                               }),
                  std::runtime_error);
-    EXPECT_LT(started, 1000) << "tasks after the failure should be skipped";
+    // On one thread the tasks after the failure never start. On several, how many others start
+    // before the failure is seen is a matter of timing (they are skipped from then on), so only
+    // the rethrow, after every thread has stopped, is certain.
+    if (n_threads == 1) {
+      EXPECT_EQ(started, 4);
+    }
   }
 }
 
