@@ -86,6 +86,8 @@ class PictureLayout {
   int cell() const { return cell_; }     // pixels per probability, each way
   Index columns() const { return columns_; }
   bool batched() const { return batched_; }
+  Index n_head() const { return n_head_; }  // tiles per sequence
+  Index tokens() const { return tokens_; }  // T: rows (and columns) of each map
 
   // Top-left pixel of the cells of map (b, h): cell (i, j) covers x in [x + j*cell, x + (j+1)*cell),
   // y in [y + i*cell, y + (i+1)*cell). The frame is the pixel ring just outside.
