@@ -1,5 +1,5 @@
 // gemm_accumulate (gemm.hpp): C += alpha * A * op(B) on strided views, both ops, accumulation,
-// scratch growth and reuse, and its errors.
+// scratch growth and reuse, and its errors; the AVX-512 kernels' summation orders, bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gpt2/gemm.hpp"
+#include "gpt2/gemv_kernel.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
@@ -146,7 +147,7 @@ TEST(GemmKernel, EveryElementIsOneFmaChainInKOrderOnStridedViews) {
   gpt2::GemmScratch<float> scratch;
   for (const Index M : {1, 2, 11, 12, 13, 47, 48, 49, 100})
     for (const Index N : {1, 15, 16, 17, 33, 64, 300})
-      for (const Index K : {1, 127, 128, 129, 300}) {
+      for (const Index K : {1, 5, 127, 128, 129, 300}) {
         SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
         // Views into bigger matrices: strided rows, and sentinels around C that must survive.
         RowMatrix<float> a_store = RowMatrix<float>::Random(M + 2, K + 5);
@@ -177,4 +178,49 @@ TEST(GemmKernel, ARowGivesTheSameBitsAloneAsAmongOthers) {
     EXPECT_TRUE(together == alone);
   else  // Eigen: GEMV for one row, GEMM for many; the sums are ordered differently
     EXPECT_TRUE(gpt2::test::near(alone, together, 1e-5, 1e-5));
+}
+
+// row_times_transposed (gemv_kernel.hpp: q k^T for a decode step) computes c[j] = a . B[j, :] in a
+// documented order, emulated here in scalars: lane l (0..15) sums a[d] * B[j, d] over
+// d = l, l + 16, ... as a chain of fused multiply-adds from +0 (lanes past K's last chunk add
+// 0 * 0), then the 16 lanes are added in groups of four, t_g = (x[4g] + x[4g+2]) + (x[4g+1] +
+// x[4g+3]), and c[j] = (t_0 + t_1) + (t_2 + t_3).
+float tree_dot(const float* a, const float* r, Index K) {
+  float lane[16] = {};
+  for (Index d0 = 0; d0 < K; d0 += 16)
+    for (Index l = 0; l < 16; ++l) {
+      const bool in = d0 + l < K;
+      lane[l] = std::fma(in ? a[d0 + l] : 0.f, in ? r[d0 + l] : 0.f, lane[l]);
+    }
+  float t[4];
+  for (int g = 0; g < 4; ++g)
+    t[g] = (lane[4 * g] + lane[4 * g + 2]) + (lane[4 * g + 1] + lane[4 * g + 3]);
+  return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+TEST(GemvKernel, RowTimesTransposedIsTheDocumentedSumOnStridedRows) {
+#if GPT2_ATTENTION_AVX512_GEMM
+  std::srand(23);
+  for (const Index N : {1, 15, 16, 17, 33, 1023})
+    for (const Index K : {1, 15, 16, 17, 63, 64, 65, 100}) {
+      SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K));
+      const RowMatrix<float> a = RowMatrix<float>::Random(1, K);
+      const RowMatrix<float> b_store = RowMatrix<float>::Random(N + 1, K + 3);  // rows K + 3 apart
+      RowMatrix<float> c_store = RowMatrix<float>::Random(1, N + 20);
+      const RowMatrix<float> c_before = c_store;
+      gpt2::detail::avx512::row_times_transposed(N, K, a.data(), &b_store(1, 2),
+                                                 b_store.outerStride(), &c_store(0, 3));
+      for (Index j = 0; j < N; ++j) {
+        const float expected = tree_dot(a.data(), &b_store(1 + j, 2), K);
+        ASSERT_EQ(c_store(0, 3 + j), expected) << "j=" << j;
+      }
+      EXPECT_TRUE(c_store.leftCols(3) == c_before.leftCols(3)) << "the kernel wrote before c";
+      EXPECT_TRUE(c_store.rightCols(17) == c_before.rightCols(17)) << "the kernel wrote past c";
+      // And it is the dot product: within K float roundings of the double sum.
+      const RowMatrix<double> exact = product(a, b_store.block(1, 2, N, K), true);
+      EXPECT_TRUE(gpt2::test::near(c_store.block(0, 3, 1, N), exact, 1e-6 * K, 1e-6 * K));
+    }
+#else
+  GTEST_SKIP() << "built without AVX-512: q k^T runs Eigen's GEMM";
+#endif
 }

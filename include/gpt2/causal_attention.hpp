@@ -19,6 +19,7 @@
 #include "gpt2/error.hpp"
 #include "gpt2/gemm.hpp"
 #include "gpt2/gemm_kernel.hpp"
+#include "gpt2/gemv_kernel.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
@@ -145,8 +146,9 @@ inline void check_attention_shapes(Index n_query, Index n_keys, Index head_dim, 
                      "), got " + std::to_string(n_keys));
 }
 
-// Row tiles with at least this many query rows run q k^T through the kernel (on k^T packed once
-// per head and thread); smaller ones (a decode step) through Eigen, which reads k in place.
+// With the AVX-512 float kernels, row tiles with at least this many query rows run q k^T through
+// the GEMM kernel (on k^T packed once per head and thread); smaller ones (a decode step) one row
+// at a time through row_times_transposed, which reads k in place. Other builds use Eigen's GEMM.
 inline constexpr Index kKernelScoreRows = 16;
 
 // Rows [r0, r0 + nb) of one head (nb <= kAttentionRowBlock): the row tile's scores cover only
@@ -176,8 +178,13 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
                    scratch.keys_t.data(), scratch.keys_t.outerStride(), att.data(),
                    att.outerStride(), scratch.scores_gemm.packed_b());
       att *= scale;
-      scored = true;
+    } else {  // a few rows (a decode step): one row at a time, each key row read in place
+      for (Index i = 0; i < nb; ++i)
+        avx512::row_times_transposed(n_visible, head_dim, q.data() + (r0 + i) * q.outerStride(),
+                                     k.data(), k.outerStride(), &att(i, 0));
+      att *= scale;
     }
+    scored = true;
   }
 #endif
   if (!scored)

@@ -14,14 +14,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "gpt2/gemv_kernel.hpp"
 #include "gpt2/types.hpp"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define GPT2_ATTENTION_AVX512_GEMM 1
-#else
-#define GPT2_ATTENTION_AVX512_GEMM 0
-#endif
 
 #if GPT2_ATTENTION_AVX512_GEMM
 namespace gpt2::detail::avx512 {
@@ -29,12 +24,6 @@ namespace gpt2::detail::avx512 {
 inline constexpr int kTileRows = 12;      // rows of C per micro-tile: 24 accumulators
 inline constexpr Index kTileCols = 32;    // columns of C per micro-tile: two 16-float vectors
 inline constexpr Index kDepthBlock = 128; // k per pass: B's [128, 32] panel (16 KB) stays in L1
-
-// Lanes of a 16-float vector that hold columns [j, n) (all 16 when n - j >= 16).
-inline __mmask16 lanes(Index j, Index n) {
-  const Index count = std::max<Index>(0, std::min<Index>(16, n - j));
-  return static_cast<__mmask16>((std::uint32_t(1) << count) - 1);
-}
 
 // C[R, cols] += A[R, depth] * B[depth, cols] for one micro-tile: cols <= 32 columns, given by the
 // lane masks m0 (columns 0-15) and m1 (16-31). a, b, c point at the tile's first element; lda,
@@ -82,38 +71,6 @@ inline void micro_tile_rows(int rows, const float* a, Index lda, const float* b,
     case 2: micro_tile<2>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
     default: micro_tile<1>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
   }
-}
-
-// c[j0, j0 + 16 V) += a[1, K] * B[K, j0 .. j0 + 16 V) in V accumulators (columns past N masked).
-template <int V>
-inline void row_strip(Index j0, Index N, Index K, const float* a, const float* B, Index ldb,
-                      float* c) {
-  __mmask16 m[V];
-  __m512 acc[V];
-#pragma GCC unroll 16
-  for (int v = 0; v < V; ++v) {
-    m[v] = lanes(j0 + 16 * v, N);
-    acc[v] = _mm512_maskz_loadu_ps(m[v], c + j0 + 16 * v);
-  }
-  for (Index k = 0; k < K; ++k) {
-    const __m512 ak = _mm512_set1_ps(a[k]);
-    const float* b = B + k * ldb + j0;
-#pragma GCC unroll 16
-    for (int v = 0; v < V; ++v)
-      acc[v] = _mm512_fmadd_ps(ak, _mm512_maskz_loadu_ps(m[v], b + 16 * v), acc[v]);
-  }
-#pragma GCC unroll 16
-  for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(c + j0 + 16 * v, m[v], acc[v]);
-}
-
-// C[1, N] += a[1, K] * B[K, N] (a decode step's products): 128 columns at a time in 8
-// accumulators while B's rows stream by, 512 contiguous bytes of each (measured faster than 64, 96,
-// 256 or 384 columns, and than Eigen's GEMV, on GPT-2 small's shapes); the last columns 64 at a
-// time. Same sums as micro_tile: one chain of multiply-adds per element, k in order.
-inline void row_times_matrix(Index N, Index K, const float* a, const float* B, Index ldb, float* c) {
-  Index j0 = 0;
-  for (; j0 + 128 <= N; j0 += 128) row_strip<8>(j0, N, K, a, B, ldb, c);
-  for (; j0 < N; j0 += 64) row_strip<4>(j0, N, K, a, B, ldb, c);
 }
 
 inline constexpr Index kRowBlock = 48;   // rows of A per block: A's [48, 128] block (24 KB) in L1
