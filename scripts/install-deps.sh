@@ -6,11 +6,12 @@ set -euo pipefail
 # python3-numpy: test_npy exchanges .npy files with numpy itself (that test is skipped without it).
 # libstb-dev: stb_image_write, the PNG writer of `gpt2-attention ... --png` (and stb_image, which
 # its tests decode the pictures with).
-# clang, libclang-rt-14-dev: the fuzz targets (clang's -fsanitize=fuzzer; Debian bookworm's clang is
-# 14, and libFuzzer's runtime is in libclang-rt-14-dev, which clang only recommends). The
-# AddressSanitizer, UBSan and ThreadSanitizer runtimes come with g++ (libasan8, libubsan1, libtsan2).
+# clang, libclang-rt-14-dev, libomp-dev: the fuzz targets and the asan stage are built with clang
+# (Debian bookworm's clang is 14; its sanitizer and libFuzzer runtimes are in libclang-rt-14-dev,
+# which clang only recommends, and its OpenMP runtime in libomp-dev). ThreadSanitizer's runtime
+# comes with g++ (libtsan2).
 packages=(libeigen3-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev cmake g++ ninja-build
-          python3-numpy libstb-dev clang libclang-rt-14-dev)
+          python3-numpy libstb-dev clang libclang-rt-14-dev libomp-dev)
 
 missing=()
 for pkg in "${packages[@]}"; do

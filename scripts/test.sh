@@ -3,10 +3,10 @@
 #   1. ci    (-O2, assertions on, warnings as errors, -march=native, every public header compiled
 #            on its own): every ctest entry: unit and reference tests, CLI, examples, packaging,
 #            compile-fail checks, benchmark smoke run.
-#   2. asan  (AddressSanitizer + UBSan, -O1, baseline x86-64 ISA: what a consumer gets without
-#            -march=native, so results that depend on the vector width are caught too): every test
-#            program again (all but the packaging and compile-fail checks, which do not depend on
-#            the ISA or on memory safety). This stage replaces the former portable stage (the
+#   2. asan  (clang, AddressSanitizer + UBSan, -O1, baseline x86-64 ISA: what a consumer gets
+#            without -march=native, so results that depend on the vector width are caught too):
+#            every test program again (all but the packaging and compile-fail checks, which do not
+#            depend on the ISA or on memory safety, and the example programs, run by stage 1). This stage replaces the former portable stage (the
 #            portable preset is still there: cmake --preset portable).
 #   3. tsan  (ThreadSanitizer, OpenMP off): the concurrency tests (test_concurrency).
 #   4. fuzz  (clang, libFuzzer + ASan + UBSan): each fuzz target for GPT2_FUZZ_SECONDS (default 60)

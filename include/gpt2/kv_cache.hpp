@@ -133,6 +133,7 @@ class KVCache {
     detail::check_shape("k", {n, C}, {k.rows(), k.cols()});
     detail::check_shape("v", {n, C}, {v.rows(), v.cols()});
     check_room(n);
+    if (n == 0) return;  // an empty k may have no storage: no views into it (null + offset is UB)
     for (Index h = 0; h < config_.n_head; ++h) {
       block(keys_, h).middleRows(n_past_, n) = k.middleCols(h * hd, hd);
       block(values_, h).middleRows(n_past_, n) = v.middleCols(h * hd, hd);
@@ -155,6 +156,7 @@ class KVCache {
     const Index n = k.rows() / H;
     detail::check_shape("v", {H * n, hd}, {v.rows(), v.cols()});
     check_room(n);
+    if (n == 0) return;  // as in append
     for (Index h = 0; h < H; ++h) {
       block(keys_, h).middleRows(n_past_, n) = k.middleRows(h * n, n);
       block(values_, h).middleRows(n_past_, n) = v.middleRows(h * n, n);
