@@ -1,0 +1,124 @@
+// gpt2_decode_phases [threads] [steps]: where the time of a decode step from DRAM goes. One token
+// through the 12 attention layers of a GPT-2 small (C = 768, 12 heads, fp32, a 1023-position KV
+// cache each; distinct weights and caches, cycled as in the decode_model benchmark, so they come
+// from DRAM), timed phase by phase with the library's own steps: the QKV projection, the cache
+// append, the attention of the 12 heads, the output projection. Prints the mean time of each phase
+// and the rate at which it reads its bytes.
+//   build/release/bench/gpt2_decode_phases 1 && build/release/bench/gpt2_decode_phases 2
+// A diagnostic beside the benchmarks (gpt2_bench's decode_model is the figure of record).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "gpt2/attention.hpp"
+
+namespace {
+
+using gpt2::ConstMatrixRef;
+using gpt2::Index;
+using gpt2::MatrixRef;
+using gpt2::RowMatrix;
+using gpt2::RowVector;
+using Clock = std::chrono::steady_clock;
+
+constexpr Index kC = 768, kHeads = 12, kLayers = 12, kPast = 1023;
+
+struct Layer {
+  RowMatrix<float> c_attn_w, c_proj_w;
+  RowVector<float> c_attn_b, c_proj_b;
+  explicit Layer(unsigned seed) {
+    std::srand(seed);
+    c_attn_w = RowMatrix<float>::Random(kC, 3 * kC) * 0.05f;
+    c_proj_w = RowMatrix<float>::Random(kC, kC) * 0.05f;
+    c_attn_b = RowVector<float>::Random(3 * kC) * 0.1f;
+    c_proj_b = RowVector<float>::Random(kC) * 0.1f;
+  }
+  gpt2::AttentionWeights<float> weights() const {
+    return {{kC, kHeads}, gpt2::view(c_attn_w), gpt2::view(c_attn_b), gpt2::view(c_proj_w),
+            gpt2::view(c_proj_b)};
+  }
+};
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 2400;
+  if (threads < 1 || steps < kLayers) {
+    std::fprintf(stderr, "usage: gpt2_decode_phases [threads >= 1] [steps >= 12]\n");
+    return 2;
+  }
+  gpt2::set_num_threads(threads);
+  const gpt2::AttentionConfig config{kC, kHeads};
+
+  // The 12 layers, each with a cache holding kPast positions.
+  std::vector<Layer> layers;
+  std::vector<gpt2::KVCache<float>> caches;
+  std::srand(2);
+  const RowMatrix<float> prompt = RowMatrix<float>::Random(kPast, kC);
+  RowMatrix<float> prompt_out(kPast, kC);
+  gpt2::Workspace<float> prefill_ws(config, kPast, kPast + 1);
+  for (Index l = 0; l < kLayers; ++l) {
+    layers.emplace_back(static_cast<unsigned>(100 + l));
+    caches.emplace_back(config, kPast + 1);
+    gpt2::attention_forward<float>(layers.back().weights(), prompt, caches.back(), prefill_ws,
+                                   prompt_out);
+  }
+
+  const RowMatrix<float> x = RowMatrix<float>::Random(1, kC);
+  RowMatrix<float> out(1, kC);
+  gpt2::Workspace<float> ws(config, 1, kPast + 1);
+  const int n_threads = gpt2::detail::forward_threads(ws);
+  double total[4] = {0, 0, 0, 0};
+  int timed = 0;
+  for (int step = 0; step < steps; ++step) {
+    const std::size_t l = static_cast<std::size_t>(step % kLayers);
+    const gpt2::AttentionWeights<float> w = layers[l].weights();
+    gpt2::KVCache<float>& cache = caches[l];
+    MatrixRef<float> qkv = ws.qkv.topRows(1), merged = ws.merged.topRows(1);
+    MatrixRef<float> y = out;
+    const Clock::time_point t0 = Clock::now();
+    gpt2::detail::projection_parallel<float>(x, w.c_attn_weight(), w.c_attn_bias(), qkv, ws,
+                                             n_threads);
+    const Clock::time_point t1 = Clock::now();
+    cache.append(qkv.middleCols(kC, kC), qkv.middleCols(2 * kC, kC));
+    const Clock::time_point t2 = Clock::now();
+    const ConstMatrixRef<float> qkv_read = qkv;
+    const gpt2::KVCache<float>& cached = cache;
+    gpt2::detail::attend_heads<float>(
+        config, qkv_read, [&](Index h) { return cached.keys(h); },
+        [&](Index h) { return cached.values(h); }, ws, merged, nullptr, n_threads);
+    const Clock::time_point t3 = Clock::now();
+    const ConstMatrixRef<float> merged_read = merged;
+    gpt2::detail::projection_parallel<float>(merged_read, w.c_proj_weight(), w.c_proj_bias(), y,
+                                             ws, n_threads);
+    const Clock::time_point t4 = Clock::now();
+    cache.truncate(kPast);
+    if (step < 2 * kLayers) continue;  // warm-up: two passes over the layers
+    total[0] += seconds(t0, t1);
+    total[1] += seconds(t1, t2);
+    total[2] += seconds(t2, t3);
+    total[3] += seconds(t3, t4);
+    ++timed;
+  }
+
+  const double bytes[4] = {4.0 * kC * 3 * kC, 4.0 * 2 * kC, 4.0 * 2 * kC * (kPast + 1),
+                           4.0 * kC * kC};
+  const char* names[4] = {"qkv projection", "cache append", "attention", "output projection"};
+  double sum = 0;
+  std::printf("decode step from DRAM, %d thread(s), %d timed steps (12 layers cycled):\n",
+              n_threads, timed);
+  for (int i = 0; i < 4; ++i) {
+    const double us = total[i] / timed * 1e6;
+    sum += us;
+    std::printf("  %-18s %8.1f us  reads %6.2f MB  %6.1f GB/s\n", names[i], us, bytes[i] / 1e6,
+                bytes[i] / (us * 1e3));
+  }
+  std::printf("  %-18s %8.1f us\n", "total", sum);
+  return 0;
+}
