@@ -6,6 +6,8 @@
 //   decode_model/past:1023      one decode step per layer through the 12 layers of a GPT-2 small
 //                               with distinct weights and caches, cycled (about 190 MB: they come
 //                               from DRAM); time per layer. Counter `bytes`: bytes read per step
+//   decode_batch/B:N/past:1023  one batched decode step of N sequences, each with its own cache (one
+//                               layer): time per step, tokens_per_second counts the N tokens
 //   baseline_eigen/T:N          the straightforward Eigen implementation (bench/baseline.hpp)
 //   baseline_eigen_decode/past:N  the same for one decode step
 //   stage_qkv/T:N, stage_attention/T:N, stage_proj/T:N   the three stages of prefill
@@ -145,6 +147,37 @@ void decode(benchmark::State& state) {
   }
   clock.stop();
   set_counters(state, clock, 1, decode_flop(past));
+}
+
+// One batched decode step of B sequences, each with its own cache of `past` positions (one layer,
+// the same weights every step): one new token per sequence through the cached batched forward.
+// The caches are truncated back after each step. B caches of past 1023 are 6.3 MB each, so at
+// B = 16 they come from DRAM; the weights (9.4 MB) are shared by the batch.
+void decode_batch(benchmark::State& state) {
+  if (!use_threads(state, 2)) return;
+  const Index B = state.range(0), past = state.range(1);
+  const gpt2::AttentionWeights<float> w = model().weights();
+  std::vector<gpt2::KVCache<float>> caches;
+  gpt2::Workspace<float> ws(w.config(), std::max<Index>(past, B), past + 1);
+  const RowMatrix<float> prompt = input(past);
+  RowMatrix<float> prompt_out(past, kC);
+  for (Index b = 0; b < B; ++b) {
+    caches.emplace_back(w.config(), past + 1);
+    gpt2::attention_forward<float>(w, prompt, caches.back(), ws, prompt_out);
+  }
+  const RowMatrix<float> x = input(B);
+  RowMatrix<float> out(B, kC);
+  const gpt2::BatchLayout step = gpt2::BatchLayout::full(B, 1);
+  WallClock clock;
+  clock.start();
+  for (auto _ : state) {
+    gpt2::attention_forward<float>(w, x, step, caches, ws, out);
+    for (gpt2::KVCache<float>& cache : caches) cache.truncate(past);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  clock.stop();
+  set_counters(state, clock, static_cast<double>(B), static_cast<double>(B) * decode_flop(past));
 }
 
 // The 12 attention layers of a GPT-2 small, each with its weights and a KV cache of `past`
@@ -383,6 +416,7 @@ const std::vector<int64_t> kTokens = {64, 256, 1024};
 
 BENCHMARK(prefill)->Name("prefill")->ArgsProduct({kPrefillTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(decode)->Name("decode")->ArgsProduct({{0, 127, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_batch)->Name("decode_batch")->ArgsProduct({{4, 16}, {1023}, kThreads})->ArgNames({"B", "past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_model)->Name("decode_model")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(baseline_eigen)->Name("baseline_eigen")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(baseline_eigen_decode)->Name("baseline_eigen_decode")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);

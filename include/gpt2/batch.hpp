@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -81,6 +82,12 @@ class BatchLayout {
     for (Index n : lengths_) m = std::max(m, n);
     return m;
   }
+  // The real rows of all sequences: the sum of the lengths.
+  Index real_rows() const {
+    Index sum = 0;
+    for (Index n : lengths_) sum += n;
+    return sum;
+  }
 
   // Makes sequence b's real tokens rows start .. start + length - 1 (no allocation).
   void set(Index b, Index start, Index length) {
@@ -104,6 +111,12 @@ class BatchLayout {
   Index tokens_ = 0;
   std::vector<Index> starts_, lengths_;
 };
+
+// At most this many real rows of a cached batch go through the projections together (a group) when
+// the projections are row-exact (the AVX-512 float kernel), so
+// a decode step of up to 256 sequences reads the weights once, not once per sequence, while the
+// workspace stays at 256 rows (a longer sequence is a group of its own).
+inline constexpr Index kBatchGroupRows = 256;
 
 namespace detail {
 
@@ -142,6 +155,72 @@ void zero_padding(const BatchLayout& batch, Index b, MatrixRef<T>& out) {
   }
 }
 
+// Whether one projection over the rows of several sequences gives every row the bits a projection
+// of its sequence alone gives: true with the AVX-512 float kernel (one chain of multiply-adds per
+// element, whatever the row count: gemm_kernel.hpp). Eigen's GEMM and GEMV order their sums by
+// shape, so other builds and double project sequence by sequence.
+template <class T>
+constexpr bool row_exact_projections() {
+  return GPT2_ATTENTION_AVX512_GEMM && std::is_same<T, float>::value;
+}
+
+// Token rows the workspace needs for a cached batch: the longest sequence, and with row-exact
+// projections a group's rows.
+template <class T>
+Index batch_workspace_rows(const BatchLayout& batch) {
+  if (!row_exact_projections<T>()) return batch.max_length();
+  return std::max(batch.max_length(), std::min(batch.real_rows(), kBatchGroupRows));
+}
+
+// Sequences [b0, b1) of a cached batch, whose `rows` real rows fit the workspace, through the
+// projections together: their x rows gathered into ws.merged, one qkv projection into ws.qkv, then
+// for each sequence its keys and values appended to its cache and its heads attended (into
+// ws.merged, the gathered rows being read by then), one output projection into ws.qkv's first C
+// columns, and the rows scattered to out, padding zeroed. Every row gets the bits a forward of its
+// sequence alone gives (row-exact projections; the attention is per sequence either way).
+// appended: sequences whose caches have been appended to (all of 0 .. appended - 1).
+template <class T, class CacheAt>
+void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                      const BatchLayout& batch, const CacheAt& caches, Index b0, Index b1,
+                      Index rows, Workspace<T>& ws, MatrixRef<T>& out, Index& appended) {
+  const Index C = w.n_embd();
+  const int n_threads = forward_threads(ws);
+  MatrixRef<T> gathered = ws.merged.topRows(rows);
+  for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b)
+    gathered.middleRows(r, batch.length(b)) = x.middleRows(batch.first_row(b), batch.length(b));
+  MatrixRef<T> qkv = ws.qkv.topRows(rows);
+  const ConstMatrixRef<T> gathered_read = gathered;
+  projection_parallel<T>(gathered_read, w.c_attn_weight(), w.c_attn_bias(), qkv, ws, n_threads);
+
+  MatrixRef<T> merged = ws.merged.topRows(rows);
+  const ConstMatrixRef<T> qkv_read = qkv;
+  for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b) {
+    const Index n = batch.length(b);
+    if (n == 0) {
+      appended = b + 1;
+      continue;
+    }
+    KVCache<T>& cache = caches(b);
+    const ConstMatrixRef<T> qkv_b = qkv_read.middleRows(r, n);
+    cache.append(qkv_b.middleCols(C, C), qkv_b.middleCols(2 * C, C));
+    appended = b + 1;
+    const KVCache<T>& cached = cache;
+    MatrixRef<T> merged_b = merged.middleRows(r, n);
+    attend_heads<T>(
+        w.config(), qkv_b, [&](Index h) { return cached.keys(h); },
+        [&](Index h) { return cached.values(h); }, ws, merged_b, nullptr, n_threads);
+  }
+
+  MatrixRef<T> projected = ws.qkv.topLeftCorner(rows, C);  // qkv is read by then
+  const ConstMatrixRef<T> merged_read = merged;
+  projection_parallel<T>(merged_read, w.c_proj_weight(), w.c_proj_bias(), projected, ws,
+                         n_threads);
+  for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b) {
+    out.middleRows(batch.first_row(b), batch.length(b)) = projected.middleRows(r, batch.length(b));
+    zero_padding<T>(batch, b, out);
+  }
+}
+
 // The batched cached forward; caches(b) is sequence b's KVCache<T>& (B of them).
 // Every check, for every sequence, runs before any cache changes.
 // distinct: the caches are known to be distinct objects (elements of one vector), so the O(B^2)
@@ -169,11 +248,14 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
     }
     max_keys = std::max(max_keys, cache.capacity());
   }
-  ws.reserve(batch.max_length(), max_keys);
+  const Index group_rows = batch_workspace_rows<T>(batch);
+  ws.reserve(group_rows, std::max(max_keys, group_rows));
   for (Index b = 0; b < B; ++b) {
     MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
+    // The rows of the workspace a sequence's forward uses: its own, or its group's (any of them).
+    const Index used_rows = row_exact_projections<T>() ? group_rows : batch.length(b);
     try {
-      check_workspace_overlap<T>(ws, batch.length(b), out_b, nullptr);
+      check_workspace_overlap<T>(ws, used_rows, out_b, nullptr);
     } catch (...) {
       rethrow_for_sequence(b);
     }
@@ -181,11 +263,21 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
 
   Index done = 0;  // caches 0 .. done - 1 have been appended to
   try {
-    for (; done < B; ++done) {
-      const ConstMatrixRef<T> x_b = x.middleRows(batch.first_row(done), batch.length(done));
-      MatrixRef<T> out_b = out.middleRows(batch.first_row(done), batch.length(done));
-      run_cached_forward<T>(w, x_b, caches(done), ws, out_b, nullptr);
-      zero_padding<T>(batch, done, out);
+    if constexpr (row_exact_projections<T>()) {
+      while (done < B) {  // groups of consecutive sequences with at most group_rows real rows
+        const Index b0 = done;
+        Index b1 = b0, rows = 0;
+        while (b1 < B && (b1 == b0 || rows + batch.length(b1) <= group_rows))
+          rows += batch.length(b1++);
+        run_cached_group<T>(w, x, batch, caches, b0, b1, rows, ws, out, done);
+      }
+    } else {
+      for (; done < B; ++done) {
+        const ConstMatrixRef<T> x_b = x.middleRows(batch.first_row(done), batch.length(done));
+        MatrixRef<T> out_b = out.middleRows(batch.first_row(done), batch.length(done));
+        run_cached_forward<T>(w, x_b, caches(done), ws, out_b, nullptr);
+        zero_padding<T>(batch, done, out);
+      }
     }
   } catch (...) {  // not expected after the checks; run_cached_forward rolled back its own cache
     for (Index b = 0; b < done; ++b) caches(b).truncate(caches(b).n_past() - batch.length(b));
@@ -229,7 +321,11 @@ void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
 //   x [B * T, C], out [B * T, C] as above; caches: B distinct caches, one per sequence
 // A sequence of length 0 (finished, or waiting) leaves its cache alone. If any sequence's tokens
 // do not fit its cache (CapacityError) or anything else is wrong, no cache changes.
-// Batched decode: T = 1, every length 1 (or 0). Allocates nothing once ws has room.
+// Batched decode: T = 1, every length 1 (or 0). With the AVX-512 float kernel the real rows of up
+// to 256 (kBatchGroupRows) go through each projection together, so a decode step reads the weights
+// once for up to 256 sequences; each row still gets the bits its sequence alone would. ws needs
+// room for max(longest sequence, min(real rows, 256)) tokens (grown on the first call if smaller,
+// e.g. Workspace(config, B, max_keys) for B sequences); then it allocates nothing.
 template <class T, class D>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
                        const BatchLayout& batch, std::vector<KVCache<T>>& caches,
