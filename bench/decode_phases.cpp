@@ -49,8 +49,8 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 2400;
-  if (threads < 1 || steps < kLayers) {
-    std::fprintf(stderr, "usage: gpt2_decode_phases [threads >= 1] [steps >= 12]\n");
+  if (threads < 1 || steps <= 2 * kLayers) {  // the first 24 steps are a warm-up
+    std::fprintf(stderr, "usage: gpt2_decode_phases [threads >= 1] [steps > 24]\n");
     return 2;
   }
   gpt2::set_num_threads(threads);

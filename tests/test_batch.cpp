@@ -314,7 +314,8 @@ TYPED_TEST(BatchTest, CachedBatchErrorsChangeNoCache) {
 // The cached batched forward against each sequence through its own cache, alone: the same bits in
 // the output and in the caches. With the AVX-512 float kernel the real rows of up to
 // kBatchGroupRows go through the projections together (here 300 sequences of 0 to 3 new tokens
-// after 0 to 6 cached ones, so groups end mid-batch, and a sequence longer than a group), elsewhere
+// after 0 to 6 cached ones, so groups end mid-batch; a sequence longer than kBatchGroupRows, which
+// then sets the group size; out being x; and a step where every sequence sits out), elsewhere
 // sequence by sequence; either way a row's result must not depend on its neighbours.
 TYPED_TEST(BatchTest, CachedBatchIsBitwiseEachSequenceThroughItsOwnCache) {
   using T = TypeParam;
@@ -330,7 +331,7 @@ TYPED_TEST(BatchTest, CachedBatchIsBitwiseEachSequenceThroughItsOwnCache) {
     cases[0].past.push_back(b % 7);
   }
   cases[0].tokens = 3;
-  const Index longer = gpt2::kBatchGroupRows + 44;  // a sequence longer than a group
+  const Index longer = gpt2::kBatchGroupRows + 44;  // longer than kBatchGroupRows
   cases[1] = Case{longer, {0, 0, 5}, {longer, 1, 2}, {3, 0, 9}};
   for (const Case& c : cases) {
     const BatchLayout layout(c.tokens, c.starts, c.lengths);
@@ -345,10 +346,15 @@ TYPED_TEST(BatchTest, CachedBatchIsBitwiseEachSequenceThroughItsOwnCache) {
       gpt2::attention_forward<T>(this->w, prompt, caches.back(), ws_alone, prompt_out);
       alone.push_back(caches.back().copy());
     }
+    std::vector<KVCache<T>> in_place_caches;
+    for (const KVCache<T>& cache : caches) in_place_caches.push_back(cache.copy());
     gpt2::Workspace<T> ws(this->m.config);
     RowMatrix<T> out = RowMatrix<T>::Constant(layout.rows(), kC, T(-1));
     gpt2::attention_forward<T>(this->w, x, layout, caches, ws, out);
     this->expect_padding_zero(out, layout);
+    RowMatrix<T> in_place = x;  // out being x: the same bits
+    gpt2::attention_forward<T>(this->w, in_place, layout, in_place_caches, ws, in_place);
+    ASSERT_TRUE(in_place == out);
     for (Index b = 0; b < layout.batch(); ++b) {
       const Index n = layout.length(b);
       RowMatrix<T> expected(n, kC);
@@ -362,6 +368,16 @@ TYPED_TEST(BatchTest, CachedBatchIsBitwiseEachSequenceThroughItsOwnCache) {
       }
     }
   }
+  // A step where every sequence sits out, on a new (empty) workspace: zeros, caches unchanged.
+  const BatchLayout idle(2, {0, 0, 0}, {0, 0, 0});
+  std::vector<KVCache<T>> caches;
+  for (int b = 0; b < 3; ++b) caches.emplace_back(this->m.config, 4);
+  gpt2::Workspace<T> empty(this->m.config);
+  RowMatrix<T> idle_out = RowMatrix<T>::Constant(idle.rows(), kC, T(-1));
+  gpt2::attention_forward<T>(this->w, random_input<T>(idle.rows(), kC, 50), idle, caches, empty,
+                             idle_out);
+  EXPECT_TRUE((idle_out.array() == T(0)).all());
+  for (const KVCache<T>& cache : caches) EXPECT_EQ(cache.n_past(), 0);
 }
 
 }  // namespace

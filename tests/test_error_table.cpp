@@ -326,6 +326,14 @@ void library_rows(Table& t) {
     Workspace<F> ws(config);
     attention_forward<F>(w, buf.topRows(4), BatchLayout::full(2, 2), ws, buf.bottomRows(4));
   });
+  t.lib("batched forward", "x inside the workspace", [&] {
+    std::vector<KVCache<F>> caches;
+    caches.emplace_back(config, 4);
+    caches.emplace_back(config, 4);
+    Workspace<F> ws(config, 4, 4);  // room for the batch: the call does not reallocate it
+    RowMatrix<F> out(4, 64);
+    attention_forward<F>(w, ws.qkv.topLeftCorner(4, 64), BatchLayout::full(2, 2), caches, ws, out);
+  });
   t.lib("batched forward", "a sequence whose cache is full", [&] {
     std::vector<KVCache<F>> caches;
     caches.emplace_back(config, 2);

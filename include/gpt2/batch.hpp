@@ -112,10 +112,10 @@ class BatchLayout {
   std::vector<Index> starts_, lengths_;
 };
 
-// At most this many real rows of a cached batch go through the projections together (a group) when
-// the projections are row-exact (the AVX-512 float kernel), so
-// a decode step of up to 256 sequences reads the weights once, not once per sequence, while the
-// workspace stays at 256 rows (a longer sequence is a group of its own).
+// Real rows of a cached batch that go through the projections together (a group) when the
+// projections are row-exact (the AVX-512 float kernel): a decode step of up to 256 sequences
+// reads the weights once, not once per sequence, while the workspace stays at 256 rows. When a
+// sequence is longer, the workspace has room for it and groups take up to that many rows.
 inline constexpr Index kBatchGroupRows = 256;
 
 namespace detail {
@@ -139,6 +139,16 @@ void zero_padding(const BatchLayout& batch, Index b, MatrixRef<T>& out) {
   const Index T_ = batch.tokens(), start = batch.start(b), end = start + batch.length(b);
   out.middleRows(b * T_, start).setZero();
   out.middleRows(b * T_ + end, T_ - end).setZero();
+}
+
+// A sequence's real rows of x [n, C] must not overlap the first `rows` rows of the workspace's
+// buffers, which the forward writes before (or while) it reads x.
+template <class T>
+void check_input_outside_workspace(const Workspace<T>& ws, Index rows, const ConstMatrixRef<T>& x_b) {
+  if (rows == 0 || x_b.rows() == 0) return;
+  const ConstMatrixRef<T> qkv = ws.qkv.topRows(rows), merged = ws.merged.topRows(rows);
+  if (overlaps(x_b, qkv) || overlaps(x_b, merged))
+    throw ShapeError("x: must not overlap the workspace");
 }
 
 // Rethrows the current gpt2 error with "batch sequence b: " before its message, same type.
@@ -184,6 +194,11 @@ void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
                       const BatchLayout& batch, const CacheAt& caches, Index b0, Index b1,
                       Index rows, Workspace<T>& ws, MatrixRef<T>& out, Index& appended) {
   const Index C = w.n_embd();
+  if (rows == 0) {  // every sequence sits the step out: nothing to project (and an empty workspace
+    for (Index b = b0; b < b1; ++b) zero_padding<T>(batch, b, out);  // has no storage to view)
+    appended = b1;
+    return;
+  }
   const int n_threads = forward_threads(ws);
   MatrixRef<T> gathered = ws.merged.topRows(rows);
   for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b)
@@ -251,11 +266,17 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
   const Index group_rows = batch_workspace_rows<T>(batch);
   ws.reserve(group_rows, std::max(max_keys, group_rows));
   for (Index b = 0; b < B; ++b) {
-    MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
-    // The rows of the workspace a sequence's forward uses: its own, or its group's (any of them).
-    const Index used_rows = row_exact_projections<T>() ? group_rows : batch.length(b);
+    // Sequence by sequence, its real rows of out and the workspace rows its forward uses. With
+    // row-exact projections the groups use up to group_rows rows of it, read x's real rows after
+    // earlier groups have written out's rows (padding included): all of x and out must stay out.
+    const bool grouped = row_exact_projections<T>();
+    MatrixRef<T> out_b = grouped ? out.middleRows(b * batch.tokens(), batch.tokens())
+                                 : out.middleRows(batch.first_row(b), batch.length(b));
+    const Index used_rows = grouped ? group_rows : batch.length(b);
     try {
       check_workspace_overlap<T>(ws, used_rows, out_b, nullptr);
+      check_input_outside_workspace<T>(ws, used_rows,
+                                       x.middleRows(batch.first_row(b), batch.length(b)));
     } catch (...) {
       rethrow_for_sequence(b);
     }
@@ -279,7 +300,8 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
         zero_padding<T>(batch, done, out);
       }
     }
-  } catch (...) {  // not expected after the checks; run_cached_forward rolled back its own cache
+  } catch (...) {  // not expected after the checks. run_cached_forward rolled back its own cache;
+    // run_cached_group counts a sequence in `done` as soon as its cache is appended to
     for (Index b = 0; b < done; ++b) caches(b).truncate(caches(b).n_past() - batch.length(b));
     throw;
   }
@@ -322,10 +344,12 @@ void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
 // A sequence of length 0 (finished, or waiting) leaves its cache alone. If any sequence's tokens
 // do not fit its cache (CapacityError) or anything else is wrong, no cache changes.
 // Batched decode: T = 1, every length 1 (or 0). With the AVX-512 float kernel the real rows of up
-// to 256 (kBatchGroupRows) go through each projection together, so a decode step reads the weights
-// once for up to 256 sequences; each row still gets the bits its sequence alone would. ws needs
-// room for max(longest sequence, min(real rows, 256)) tokens (grown on the first call if smaller,
-// e.g. Workspace(config, B, max_keys) for B sequences); then it allocates nothing.
+// to 256 sequences (kBatchGroupRows rows, or the longest sequence's if more) go through each
+// projection together, so a decode step reads the weights once for up to 256 sequences; each row
+// still gets the bits its sequence alone would. ws needs room for R = max(longest sequence,
+// min(real rows, 256)) tokens and max(R, largest cache capacity) keys; it grows on the first call
+// if smaller (e.g. Workspace(config, std::min<Index>(B, 256), std::max<Index>(..., capacity)) for
+// B decoding sequences), then allocates nothing. x and out (padding included) must not overlap it.
 template <class T, class D>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
                        const BatchLayout& batch, std::vector<KVCache<T>>& caches,

@@ -163,12 +163,12 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
   const T scale = T(1) / std::sqrt(T(head_dim));
   MatrixRef<T> att = scratch.scores.topLeftCorner(nb, n_visible);
 
-  // att = q_tile k_visible^T / sqrt(head_dim)
-  att.setZero();
+  // att = q_tile k_visible^T / sqrt(head_dim) (the GEMMs accumulate into att: zeroed first)
   bool scored = false;
 #if GPT2_ATTENTION_AVX512_GEMM
   if constexpr (AttentionScratch<T>::kernel_scores()) {
     if (nb >= kKernelScoreRows) {
+      att.setZero();
       if (scratch.packed_keys != k.data() || scratch.packed_rows < n_visible) {
         scratch.keys_t.topLeftCorner(head_dim, n_visible) = k.topRows(n_visible).transpose();
         scratch.packed_keys = k.data();
@@ -178,7 +178,8 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
                    scratch.keys_t.data(), scratch.keys_t.outerStride(), att.data(),
                    att.outerStride(), scratch.scores_gemm.packed_b());
       att *= scale;
-    } else {  // a few rows (a decode step): one row at a time, each key row read in place
+    } else {  // a few rows (a decode step): one row at a time, each key row read in place; every
+              // score is written
       for (Index i = 0; i < nb; ++i)
         avx512::row_times_transposed(n_visible, head_dim, q.data() + (r0 + i) * q.outerStride(),
                                      k.data(), k.outerStride(), &att(i, 0));
@@ -187,9 +188,11 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
     scored = true;
   }
 #endif
-  if (!scored)
+  if (!scored) {
+    att.setZero();
     gemm_accumulate<T>(scale, q.middleRows(r0, nb), k.topRows(n_visible), Op::Transpose, att,
                        scratch.scores_gemm);
+  }
   // causal softmax: row i sees keys 0 .. n_past + r0 + i
   for (Index i = 0; i < nb; ++i) causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
   // y_tile = att v_visible. The tile's rows see different numbers of its own keys; where they do

@@ -17,7 +17,6 @@
 #include "gpt2/gemv_kernel.hpp"
 #include "gpt2/types.hpp"
 
-
 #if GPT2_ATTENTION_AVX512_GEMM
 namespace gpt2::detail::avx512 {
 

@@ -76,8 +76,11 @@ inline void row_times_matrix(Index N, Index K, const float* a, const float* B, I
   for (; j0 < N; j0 += 64) row_strip<4>(j0, N, K, a, B, ldb, c);
 }
 
-// The 16 sums of 16 vectors: lane i of the result is p[i][0] + ... + p[i][15], added in a fixed
-// tree (pairs of lanes, then pairs of pairs, ...): 15 additions for 16 sums.
+// The 16 sums of 16 vectors: lane i of the result is the sum of x = p[i]'s 16 lanes, added in this
+// fixed order (a bit-for-bit contract, checked by tests/test_gemm.cpp):
+//   t_g = (x[4g] + x[4g+2]) + (x[4g+1] + x[4g+3])   for g = 0 .. 3
+//   sum = (t_0 + t_1) + (t_2 + t_3)
+// 15 vector additions for the 16 sums.
 inline __m512 lane_sums16(const __m512 (&p)[16]) {
   __m512 q[8], r[4], s[2];
 #pragma GCC unroll 8
