@@ -29,6 +29,7 @@
 #endif
 
 #include "baseline.hpp"
+#include "gpt2_small_layer.hpp"
 #include "gpt2/attention.hpp"
 
 namespace {
@@ -39,22 +40,7 @@ using gpt2::RowVector;
 
 constexpr Index kC = 768, kHeads = 12, kHeadDim = 64, kLayers = 12;
 
-struct Gpt2SmallLayer {
-  RowMatrix<float> c_attn_w, c_proj_w;
-  RowVector<float> c_attn_b, c_proj_b;
-  explicit Gpt2SmallLayer(unsigned seed) {
-    std::srand(seed);
-    c_attn_w = RowMatrix<float>::Random(kC, 3 * kC) * 0.05f;
-    c_proj_w = RowMatrix<float>::Random(kC, kC) * 0.05f;
-    c_attn_b = RowVector<float>::Random(3 * kC) * 0.1f;
-    c_proj_b = RowVector<float>::Random(kC) * 0.1f;
-  }
-  gpt2::AttentionWeights<float> weights() const {
-    return {{kC, kHeads}, gpt2::view(c_attn_w), gpt2::view(c_attn_b), gpt2::view(c_proj_w),
-            gpt2::view(c_proj_b)};
-  }
-  static constexpr double bytes() { return 4.0 * (kC * 3 * kC + 3 * kC + kC * kC + kC); }
-};
+using gpt2::bench::Gpt2SmallLayer;
 
 const Gpt2SmallLayer& model() {
   static const Gpt2SmallLayer m(1);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpt2/attention.hpp"
+#include "gpt2_small_layer.hpp"
 
 namespace {
 
@@ -19,26 +20,11 @@ using gpt2::ConstMatrixRef;
 using gpt2::Index;
 using gpt2::MatrixRef;
 using gpt2::RowMatrix;
-using gpt2::RowVector;
 using Clock = std::chrono::steady_clock;
 
 constexpr Index kC = 768, kHeads = 12, kLayers = 12, kPast = 1023;
 
-struct Layer {
-  RowMatrix<float> c_attn_w, c_proj_w;
-  RowVector<float> c_attn_b, c_proj_b;
-  explicit Layer(unsigned seed) {
-    std::srand(seed);
-    c_attn_w = RowMatrix<float>::Random(kC, 3 * kC) * 0.05f;
-    c_proj_w = RowMatrix<float>::Random(kC, kC) * 0.05f;
-    c_attn_b = RowVector<float>::Random(3 * kC) * 0.1f;
-    c_proj_b = RowVector<float>::Random(kC) * 0.1f;
-  }
-  gpt2::AttentionWeights<float> weights() const {
-    return {{kC, kHeads}, gpt2::view(c_attn_w), gpt2::view(c_attn_b), gpt2::view(c_proj_w),
-            gpt2::view(c_proj_b)};
-  }
-};
+using Layer = gpt2::bench::Gpt2SmallLayer;
 
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
