@@ -182,8 +182,8 @@ Index batch_workspace_rows(const BatchLayout& batch) {
   return std::max(batch.max_length(), std::min(batch.real_rows(), kBatchGroupRows));
 }
 
-// Sequences [b0, b1) of a cached batch, whose `rows` real rows fit the workspace, through the
-// projections together: their x rows gathered into ws.merged, one qkv projection into ws.qkv, then
+// Sequences [b0, b1) of a cached batch (one sequence, or with row-exact projections several),
+// whose `rows` real rows fit the workspace, through the projections together: their x rows gathered into ws.merged, one qkv projection into ws.qkv, then
 // for each sequence its keys and values appended to its cache and its heads attended (into
 // ws.merged, the gathered rows being read by then), one output projection into ws.qkv's first C
 // columns, and the rows scattered to out, padding zeroed. Every row gets the bits a forward of its
@@ -284,24 +284,19 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
 
   Index done = 0;  // caches 0 .. done - 1 have been appended to
   try {
-    if constexpr (row_exact_projections<T>()) {
-      while (done < B) {  // groups of consecutive sequences with at most group_rows real rows
-        const Index b0 = done;
-        Index b1 = b0, rows = 0;
-        while (b1 < B && (b1 == b0 || rows + batch.length(b1) <= group_rows))
-          rows += batch.length(b1++);
-        run_cached_group<T>(w, x, batch, caches, b0, b1, rows, ws, out, done);
-      }
-    } else {
-      for (; done < B; ++done) {
-        const ConstMatrixRef<T> x_b = x.middleRows(batch.first_row(done), batch.length(done));
-        MatrixRef<T> out_b = out.middleRows(batch.first_row(done), batch.length(done));
-        run_cached_forward<T>(w, x_b, caches(done), ws, out_b, nullptr);
-        zero_padding<T>(batch, done, out);
-      }
+    // Groups of consecutive sequences with at most group_rows real rows; one sequence per group
+    // unless the projections are row-exact (the copies in and out of the workspace then cost
+    // 2 [n, C] copies per sequence, next to its [n, C] x [C, 4C] of projections).
+    while (done < B) {
+      const Index b0 = done;
+      Index b1 = b0, rows = 0;
+      while (b1 < B && (b1 == b0 || (row_exact_projections<T>() &&
+                                     rows + batch.length(b1) <= group_rows)))
+        rows += batch.length(b1++);
+      run_cached_group<T>(w, x, batch, caches, b0, b1, rows, ws, out, done);
     }
-  } catch (...) {  // not expected after the checks. run_cached_forward rolled back its own cache;
-    // run_cached_group counts a sequence in `done` as soon as its cache is appended to
+  } catch (...) {  // not expected after the checks; run_cached_group counts a sequence in `done`
+    // as soon as its cache is appended to
     for (Index b = 0; b < done; ++b) caches(b).truncate(caches(b).n_past() - batch.length(b));
     throw;
   }
