@@ -44,8 +44,12 @@ struct Array {
   std::vector<std::int64_t> shape;  // 1 to max_dims (8) non-negative dimensions
   std::vector<unsigned char> bytes;
 
-  // Product of the shape.
+  // Product of the shape. A zero dimension makes it 0 whatever the others are (a parsed shape's
+  // nonzero dimensions are checked against the file size, but (huge, huge, 0) is 0 bytes: multiply
+  // only when no dimension is 0, so the product cannot overflow; found by fuzz_npy).
   std::int64_t numel() const {
+    for (std::int64_t d : shape)
+      if (d == 0) return 0;
     std::int64_t n = 1;
     for (std::int64_t d : shape) n *= d;
     return n;
