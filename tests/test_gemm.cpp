@@ -1,13 +1,15 @@
 // gemm_accumulate (gemm.hpp): C += alpha * A * op(B) on strided views, both ops, accumulation,
-// scratch growth and reuse, and its errors; the AVX-512 kernels' summation orders, bit for bit.
+// scratch growth and reuse, and its errors; the vector levels' summation orders, bit for bit, at
+// every level this machine has (gemm_accumulate runs the active level: set_isa picks it).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "gpt2/gemm.hpp"
-#include "gpt2/gemv_kernel.hpp"
+#include "gpt2/kernels/dispatch.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 
@@ -130,7 +132,7 @@ TEST(GemmErrors, ShapesAndAliasing) {
 
 }  // namespace
 
-// The AVX-512 float kernel (gemm_kernel.hpp) computes every element as one chain of fused
+// The vector levels' gemm (kernels/dispatch.hpp) computes every element as one chain of fused
 // multiply-adds, k in order, from C's value: exactly this loop, bit for bit.
 RowMatrix<float> fma_chain(const RowMatrix<float>& a, const RowMatrix<float>& b,
                            const RowMatrix<float>& c0) {
@@ -141,8 +143,25 @@ RowMatrix<float> fma_chain(const RowMatrix<float>& a, const RowMatrix<float>& b,
   return c;
 }
 
+// The vector levels this machine has (each test below runs at every one of them, then restores the
+// level); skipped with a message when it has none.
+std::vector<gpt2::Isa> vector_levels() {
+  std::vector<gpt2::Isa> levels;
+  for (const gpt2::Isa isa : gpt2::available_isas())
+    if (isa != gpt2::Isa::generic) levels.push_back(isa);
+  return levels;
+}
+
+struct LevelGuard {
+  ~LevelGuard() { gpt2::reset_isa(); }
+};
+
 TEST(GemmKernel, EveryElementIsOneFmaChainInKOrderOnStridedViews) {
-  if (!GPT2_ATTENTION_AVX512_GEMM) GTEST_SKIP() << "built without AVX-512: Eigen's GEMM runs";
+  if (vector_levels().empty()) GTEST_SKIP() << "skipped: the CPU has no avx2 (Eigen's GEMM runs)";
+  const LevelGuard guard;
+  for (const gpt2::Isa isa : vector_levels()) {
+  gpt2::set_isa(isa);
+  SCOPED_TRACE(gpt2::isa_name(isa));
   std::srand(21);
   gpt2::GemmScratch<float> scratch;
   for (const Index M : {1, 2, 11, 12, 13, 47, 48, 49, 100})
@@ -163,9 +182,14 @@ TEST(GemmKernel, EveryElementIsOneFmaChainInKOrderOnStridedViews) {
         outside.block(1, 4, M, N) = c_before.block(1, 4, M, N);
         ASSERT_TRUE(outside == c_before) << "the kernel wrote outside C";
       }
+  }
 }
 
 TEST(GemmKernel, ARowGivesTheSameBitsAloneAsAmongOthers) {
+  const LevelGuard guard;
+  for (const gpt2::Isa isa : gpt2::available_isas()) {
+  gpt2::set_isa(isa);
+  SCOPED_TRACE(gpt2::isa_name(isa));
   std::srand(22);
   gpt2::GemmScratch<float> scratch;
   const Index M = 30, N = 2304, K = 768;
@@ -174,13 +198,14 @@ TEST(GemmKernel, ARowGivesTheSameBitsAloneAsAmongOthers) {
   gpt2::gemm_accumulate<float>(1.0f, a, b, gpt2::Op::None, together, scratch);
   for (Index i = 0; i < M; ++i)
     gpt2::gemm_accumulate<float>(1.0f, a.row(i), b, gpt2::Op::None, alone.row(i), scratch);
-  if (GPT2_ATTENTION_AVX512_GEMM)
+  if (isa != gpt2::Isa::generic)
     EXPECT_TRUE(together == alone);
   else  // Eigen: GEMV for one row, GEMM for many; the sums are ordered differently
     EXPECT_TRUE(gpt2::test::near(alone, together, 1e-5, 1e-5));
+  }
 }
 
-// row_times_transposed (gemv_kernel.hpp: q k^T for a decode step) computes c[j] = a . B[j, :] in a
+// row_times_transposed (q k^T for a decode step) computes c[j] = a . B[j, :] in a
 // documented order, emulated here in scalars: lane l (0..15) sums a[d] * B[j, d] over
 // d = l, l + 16, ... as a chain of fused multiply-adds from +0 (lanes past K's last chunk add
 // 0 * 0), then the 16 lanes are added in groups of four, t_g = (x[4g] + x[4g+2]) + (x[4g+1] +
@@ -199,7 +224,10 @@ float tree_dot(const float* a, const float* r, Index K) {
 }
 
 TEST(GemvKernel, RowTimesTransposedIsTheDocumentedSumOnStridedRows) {
-#if GPT2_ATTENTION_AVX512_GEMM
+  if (vector_levels().empty()) GTEST_SKIP() << "skipped: the CPU has no avx2 (Eigen's GEMM runs)";
+  for (const gpt2::Isa isa : vector_levels()) {
+  SCOPED_TRACE(gpt2::isa_name(isa));
+  const gpt2::kernels::FloatKernels& kern = *gpt2::kernels::float_kernels(isa);
   std::srand(23);
   for (const Index N : {1, 15, 16, 17, 33, 1023})
     for (const Index K : {1, 15, 16, 17, 63, 64, 65, 100}) {
@@ -208,8 +236,8 @@ TEST(GemvKernel, RowTimesTransposedIsTheDocumentedSumOnStridedRows) {
       const RowMatrix<float> b_store = RowMatrix<float>::Random(N + 1, K + 3);  // rows K + 3 apart
       RowMatrix<float> c_store = RowMatrix<float>::Random(1, N + 20);
       const RowMatrix<float> c_before = c_store;
-      gpt2::detail::avx512::row_times_transposed(N, K, a.data(), &b_store(1, 2),
-                                                 b_store.outerStride(), &c_store(0, 3));
+      kern.row_times_transposed(N, K, a.data(), &b_store(1, 2), b_store.outerStride(),
+                                &c_store(0, 3));
       for (Index j = 0; j < N; ++j) {
         const float expected = tree_dot(a.data(), &b_store(1 + j, 2), K);
         ASSERT_EQ(c_store(0, 3 + j), expected) << "j=" << j;
@@ -220,7 +248,5 @@ TEST(GemvKernel, RowTimesTransposedIsTheDocumentedSumOnStridedRows) {
       const RowMatrix<double> exact = product(a, b_store.block(1, 2, N, K), true);
       EXPECT_TRUE(gpt2::test::near(c_store.block(0, 3, 1, N), exact, 1e-6 * K, 1e-6 * K));
     }
-#else
-  GTEST_SKIP() << "built without AVX-512: q k^T runs Eigen's GEMM";
-#endif
+  }
 }

@@ -10,6 +10,7 @@
 //   KVCache + attention_forward(w, x, cache, ws, out): prefill and decode   kv_cache.hpp, incremental.hpp
 //   BatchLayout + attention_forward(w, x, batch, ...): padded batches       batch.hpp
 //   set_num_threads / num_threads: OpenMP threads of the forwards           threads.hpp
+//   kernel_info / set_isa / pack_weights: the kernel level, chosen at run time  kernels/dispatch.hpp, weights.hpp
 #pragma once
 
 #include "gpt2/batch.hpp"
@@ -19,6 +20,7 @@
 #include "gpt2/forward.hpp"
 #include "gpt2/gemm.hpp"
 #include "gpt2/incremental.hpp"
+#include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kv_cache.hpp"
 #include "gpt2/layer_norm.hpp"
 #include "gpt2/projection.hpp"

@@ -166,12 +166,12 @@ void check_input_outside_workspace(const Workspace<T>& ws, Index rows, const Con
 }
 
 // Whether one projection over the rows of several sequences gives every row the bits a projection
-// of its sequence alone gives: true with the AVX-512 float kernel (one chain of multiply-adds per
-// element, whatever the row count: gemm_kernel.hpp). Eigen's GEMM and GEMV order their sums by
-// shape, so other builds and double project sequence by sequence.
+// of its sequence alone gives: true for float at the vector levels (one chain of multiply-adds per
+// element, whatever the row count: kernels/dispatch.hpp). Eigen's GEMM and GEMV order their sums
+// by shape, so the generic level and double project sequence by sequence.
 template <class T>
-constexpr bool row_exact_projections() {
-  return GPT2_ATTENTION_AVX512_GEMM && std::is_same<T, float>::value;
+bool row_exact_projections() {
+  return vector_kernels<T>() != nullptr;
 }
 
 // Token rows the workspace needs for a cached batch: the longest sequence, and with row-exact
@@ -205,7 +205,7 @@ void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
     gathered.middleRows(r, batch.length(b)) = x.middleRows(batch.first_row(b), batch.length(b));
   MatrixRef<T> qkv = ws.qkv.topRows(rows);
   const ConstMatrixRef<T> gathered_read = gathered;
-  projection_parallel<T>(gathered_read, w.c_attn_weight(), w.c_attn_bias(), qkv, ws, n_threads);
+  qkv_parallel<T>(w, gathered_read, qkv, ws, n_threads);
 
   MatrixRef<T> merged = ws.merged.topRows(rows);
   const ConstMatrixRef<T> qkv_read = qkv;
@@ -228,8 +228,7 @@ void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
 
   MatrixRef<T> projected = ws.qkv.topLeftCorner(rows, C);  // qkv is read by then
   const ConstMatrixRef<T> merged_read = merged;
-  projection_parallel<T>(merged_read, w.c_proj_weight(), w.c_proj_bias(), projected, ws,
-                         n_threads);
+  proj_parallel<T>(w, merged_read, projected, ws, n_threads);
   for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b) {
     out.middleRows(batch.first_row(b), batch.length(b)) = projected.middleRows(r, batch.length(b));
     zero_padding<T>(batch, b, out);

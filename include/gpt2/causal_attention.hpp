@@ -18,8 +18,8 @@
 
 #include "gpt2/error.hpp"
 #include "gpt2/gemm.hpp"
-#include "gpt2/gemm_kernel.hpp"
-#include "gpt2/gemv_kernel.hpp"
+#include "gpt2/kernels/dispatch.hpp"
+#include "gpt2/kernels/generic.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
@@ -58,7 +58,7 @@ class AttentionScratch {
     // maximum whatever max_keys is: the sum's order, and so the result, does not depend on the
     // scratch's capacity. (The packing buffers depend on kc, not on this depth.)
     values_gemm.reserve(kAttentionRowBlock, head_dim, kDeterministicDepth);
-    if (kernel_scores() && (keys_t.rows() != head_dim || keys_t.cols() < max_keys)) {
+    if (kernel_scores() && (keys_t.rows() != head_dim || keys_t.cols() < max_keys)) {  // float
       const Index cols = (max_keys + kScoreRowAlign<T> - 1) / kScoreRowAlign<T> * kScoreRowAlign<T>;
       RowMatrix<T> grown(head_dim, cols);
       keys_t.swap(grown);
@@ -66,10 +66,9 @@ class AttentionScratch {
     forget_packed_keys();
   }
 
-  // Whether q k^T runs the AVX-512 float kernel on a transposed copy of the keys (keys_t).
-  static constexpr bool kernel_scores() {
-    return GPT2_ATTENTION_AVX512_GEMM && std::is_same<T, float>::value;
-  }
+  // Whether the scratch holds keys_t, the transposed keys that q k^T reads at the vector levels
+  // (float; allocated whatever the level, so that a forced level never needs to grow it).
+  static constexpr bool kernel_scores() { return std::is_same<T, float>::value; }
 
   // keys_t holds no head's keys: the next tile packs its own. Every call that attends starts so.
   void forget_packed_keys() {
@@ -97,40 +96,15 @@ class AttentionScratch {
 };
 
 // max(-inf, row[0], ..., row[n-1]); NaN if any entry is NaN.
-template <class T>
-T running_max(const T* row, Index n) {
-  constexpr int kLanes = 8;
-  T lane[kLanes];
-  for (T& m : lane) m = -std::numeric_limits<T>::infinity();
-  bool nan = false;
-  Index j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const T v = row[j + l];
-      nan |= v != v;
-      lane[l] = v > lane[l] ? v : lane[l];
-    }
-  for (; j < n; ++j) {
-    nan |= row[j] != row[j];
-    lane[0] = row[j] > lane[0] ? row[j] : lane[0];
-  }
-  T max = lane[0];
-  for (int l = 1; l < kLanes; ++l) max = lane[l] > max ? lane[l] : max;
-  return nan ? std::numeric_limits<T>::quiet_NaN() : max;
-}
+using kernels::generic::running_max;
 
 // In place: row[0 .. n) = softmax(row[0 .. n)), row[n .. row.size()) = 0.
 //   row [n_keys], 1 <= n <= n_keys
 // The running max starts at minus infinity (never a finite sentinel), so logits of any size work.
+// (Eigen's exp: the generic level's softmax, and double's.)
 template <class T>
 void causal_softmax_row(T* row, Index n, Index n_keys) {
-  Eigen::Map<Eigen::Array<T, 1, Eigen::Dynamic>> visible(row, n);
-  // Running max from minus infinity, 8 lanes wide so it vectorizes; a NaN logit propagates.
-  const T max = running_max(row, n);
-  visible = (visible - max).exp();
-  const T sum = visible.sum();
-  visible *= T(1) / sum;
-  for (Index j = n; j < n_keys; ++j) row[j] = T(0);
+  kernels::generic::softmax_row<T>(row, n, n_keys);
 }
 
 namespace detail {
@@ -146,9 +120,9 @@ inline void check_attention_shapes(Index n_query, Index n_keys, Index head_dim, 
                      "), got " + std::to_string(n_keys));
 }
 
-// With the AVX-512 float kernels, row tiles with at least this many query rows run q k^T through
-// the GEMM kernel (on k^T packed once per head and thread); smaller ones (a decode step) one row
-// at a time through row_times_transposed, which reads k in place. Other builds use Eigen's GEMM.
+// At the vector levels, row tiles with at least this many query rows run q k^T through the gemm
+// kernel (on k^T packed once per head and thread); smaller ones (a decode step) one row at a time
+// through row_times_transposed, which reads k in place. The generic level uses Eigen's GEMM.
 inline constexpr Index kKernelScoreRows = 16;
 
 // Rows [r0, r0 + nb) of one head (nb <= kAttentionRowBlock): the row tile's scores cover only
@@ -163,38 +137,33 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
   const T scale = T(1) / std::sqrt(T(head_dim));
   MatrixRef<T> att = scratch.scores.topLeftCorner(nb, n_visible);
 
-  // att = q_tile k_visible^T / sqrt(head_dim) (the GEMMs accumulate into att: zeroed first)
-  bool scored = false;
-#if GPT2_ATTENTION_AVX512_GEMM
-  if constexpr (AttentionScratch<T>::kernel_scores()) {
-    if (nb >= kKernelScoreRows) {
-      att.setZero();
-      if (scratch.packed_keys != k.data() || scratch.packed_rows < n_visible) {
-        scratch.keys_t.topLeftCorner(head_dim, n_visible) = k.topRows(n_visible).transpose();
-        scratch.packed_keys = k.data();
-        scratch.packed_rows = n_visible;
-      }
-      avx512::gemm(nb, n_visible, head_dim, q.data() + r0 * q.outerStride(), q.outerStride(),
+  // att = softmax(q_tile k_visible^T / sqrt(head_dim)), row i seeing keys 0 .. n_past + r0 + i
+  if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
+    if constexpr (std::is_same<T, float>::value) {
+      if (nb >= kKernelScoreRows) {  // the GEMM accumulates into att: zeroed first
+        att.setZero();
+        if (scratch.packed_keys != k.data() || scratch.packed_rows < n_visible) {
+          scratch.keys_t.topLeftCorner(head_dim, n_visible) = k.topRows(n_visible).transpose();
+          scratch.packed_keys = k.data();
+          scratch.packed_rows = n_visible;
+        }
+        kern->gemm(nb, n_visible, head_dim, q.data() + r0 * q.outerStride(), q.outerStride(),
                    scratch.keys_t.data(), scratch.keys_t.outerStride(), att.data(),
                    att.outerStride(), scratch.scores_gemm.packed_b());
-      att *= scale;
-    } else {  // a few rows (a decode step): one row at a time, each key row read in place; every
-              // score is written
-      for (Index i = 0; i < nb; ++i)
-        avx512::row_times_transposed(n_visible, head_dim, q.data() + (r0 + i) * q.outerStride(),
+      } else {  // a few rows (a decode step): one row at a time, each key row read in place
+        for (Index i = 0; i < nb; ++i)
+          kern->row_times_transposed(n_visible, head_dim, q.data() + (r0 + i) * q.outerStride(),
                                      k.data(), k.outerStride(), &att(i, 0));
-      att *= scale;
+      }
+      for (Index i = 0; i < nb; ++i)
+        kern->softmax_row(&att(i, 0), n_past + r0 + i + 1, n_visible, scale);
     }
-    scored = true;
-  }
-#endif
-  if (!scored) {
+  } else {
     att.setZero();
     gemm_accumulate<T>(scale, q.middleRows(r0, nb), k.topRows(n_visible), Op::Transpose, att,
                        scratch.scores_gemm);
+    for (Index i = 0; i < nb; ++i) causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
   }
-  // causal softmax: row i sees keys 0 .. n_past + r0 + i
-  for (Index i = 0; i < nb; ++i) causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
   // y_tile = att v_visible. The tile's rows see different numbers of its own keys; where they do
   // not see one, att holds an exact 0, and 0 times a finite value changes no sum, so one product
   // over all n_visible keys is exact. But 0 times a NaN or Inf value is NaN: if the tile's own

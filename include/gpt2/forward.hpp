@@ -45,18 +45,20 @@ void check_workspace_overlap(const Workspace<T>& ws, Index T_new, const MatrixRe
 
 // Columns of a projection are handed to threads in multiples of this many: a multiple of every
 // row panel Eigen's GEMM kernel uses (3 packets: 48 floats with AVX-512, 24 with AVX, 12 with
-// SSE), so each part is covered by full panels and every column of the output is computed by the
-// same kernel path, with the same sums, whatever the split.
+// SSE) and of the vector levels' 32-column panels, so each part is covered by full panels and
+// every column of the output is computed by the same kernel path, with the same sums, whatever
+// the split.
 inline constexpr Index kProjectionColumnAlign = 192;
 
 // out[T, N] = x[T, K] @ weight[K, N] + bias[N], the columns split into n_threads parts that run
 // in parallel, part t in ws.threads[t].gemm (each column is computed the same way whatever the
-// split: the result does not depend on n_threads). out must not overlap x or weight.
+// split: the result does not depend on n_threads). packed: weight in the panel layout, or null
+// (pack_weights). out must not overlap x or weight.
 // PyTorch: torch.addmm(bias, x, weight)
 template <class T>
 void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& weight,
-                         const ConstVectorMap<T>& bias, MatrixRef<T>& out, Workspace<T>& ws,
-                         int n_threads) {
+                         const PackedMatrix* packed, const ConstVectorMap<T>& bias,
+                         MatrixRef<T>& out, Workspace<T>& ws, int n_threads) {
   const Index N = weight.cols();
   const Index parts = std::min<Index>(n_threads, ws.thread_capacity());
   parallel_tasks(parts, static_cast<int>(parts), [&](Index part, int thread) {
@@ -64,9 +66,24 @@ void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& we
     if (cols.size() == 0) return;
     MatrixRef<T> out_part = out.middleCols(cols.begin, cols.size());
     out_part.rowwise() = bias.segment(cols.begin, cols.size());
-    gemm_accumulate<T>(T(1), x, weight.middleCols(cols.begin, cols.size()), Op::None, out_part,
-                       ws.threads[static_cast<std::size_t>(thread)].gemm);
+    gemm_accumulate_columns<T>(x, weight, packed, cols.begin, cols.size(), out_part,
+                               ws.threads[static_cast<std::size_t>(thread)].gemm);
   });
+}
+
+// qkv [T, 3C] = x @ c_attn.weight + c_attn.bias, and out [T, C] = merged @ c_proj.weight +
+// c_proj.bias, on n_threads threads (the packed copies when w has them).
+template <class T>
+void qkv_parallel(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, MatrixRef<T>& qkv,
+                  Workspace<T>& ws, int n_threads) {
+  projection_parallel<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(), qkv, ws,
+                         n_threads);
+}
+template <class T>
+void proj_parallel(const AttentionWeights<T>& w, const ConstMatrixRef<T>& merged,
+                   MatrixRef<T>& out, Workspace<T>& ws, int n_threads) {
+  projection_parallel<T>(merged, w.c_proj_weight(), w.packed_c_proj_weight(), w.c_proj_bias(), out,
+                         ws, n_threads);
 }
 
 // Steps 3 and 4 for the T new tokens whose projections are in qkv [T, 3C]: head h attends with
@@ -116,7 +133,7 @@ void attend_and_project(const AttentionWeights<T>& w, const ConstMatrixRef<T>& q
                         int n_threads) {
   attend_heads<T>(w.config(), qkv, keys_of, values_of, ws, merged, probs, n_threads);
   const ConstMatrixRef<T> merged_read = merged;
-  projection_parallel<T>(merged_read, w.c_proj_weight(), w.c_proj_bias(), out, ws, n_threads);
+  proj_parallel<T>(w, merged_read, out, ws, n_threads);
 }
 
 // Threads a forward over T tokens uses: num_threads(), capped by the workspace's thread slots.
@@ -143,7 +160,7 @@ void attention_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
   MatrixRef<T> merged = ws.merged.topRows(T_);
   const int n_threads = forward_threads(ws);
   // x is fully read here: out may alias x
-  projection_parallel<T>(x, w.c_attn_weight(), w.c_attn_bias(), qkv, ws, n_threads);
+  qkv_parallel<T>(w, x, qkv, ws, n_threads);
   const ConstMatrixRef<T> qkv_read = qkv;
   attend_and_project<T>(
       w, qkv_read, [&](Index h) { return k_view(qkv_read, config, h); },

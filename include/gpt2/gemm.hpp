@@ -1,128 +1,47 @@
-// GEMM into preallocated storage: C[M, N] += alpha * A[M, K] * op(B), all row-major, with the
-// packing buffers of Eigen's GEMM kept in a GemmScratch so that repeated calls allocate nothing.
-// (A plain `C.noalias() += A * B` allocates Eigen's packing buffers on every call.)
-//
-// This calls Eigen's internal GEMM driver (general_matrix_matrix_product and gemm_blocking_space),
-// whose interface is stable across the 3.4 series but not public: hence the version check.
+// Products into preallocated storage, all row-major: C[M, N] += alpha * A[M, K] * op(B), and the
+// projections' product on a weight packed once. The math layer calls these; they run the active
+// kernel level's float kernels (kernels/dispatch.hpp) and Eigen's GEMM otherwise (the generic
+// level, and double), with their packing buffers kept in a GemmScratch so that repeated calls
+// allocate nothing. (A plain `C.noalias() += A * B` allocates Eigen's packing buffers on every
+// call.)
 #pragma once
 
 #include <Eigen/Core>
-#include <algorithm>
-#include <memory>
 #include <type_traits>
 
 #include "gpt2/error.hpp"
-#include "gpt2/gemm_kernel.hpp"
+#include "gpt2/kernels/dispatch.hpp"
+#include "gpt2/kernels/generic.hpp"
+#include "gpt2/kernels/pack.hpp"
 #include "gpt2/types.hpp"
-
-static_assert(EIGEN_VERSION_AT_LEAST(3, 4, 0) && !EIGEN_VERSION_AT_LEAST(3, 4, 90),
-              "gpt2/gemm.hpp uses Eigen 3.4's internal GEMM driver: check it before using another "
-              "Eigen version");
 
 namespace gpt2 {
 
-// Packing buffers for products with at most max_m rows, max_n columns and depth max_k.
-// Not thread-safe: one GemmScratch per thread.
-template <class T>
-class GemmScratch {
- public:
-  using Blocking = Eigen::internal::gemm_blocking_space<Eigen::RowMajor, T, T, Eigen::Dynamic,
-                                                        Eigen::Dynamic, Eigen::Dynamic, 1, false>;
-
-  // Empty: grows on the first product. The second form allocates (and owns) packing buffers for
-  // products up to [max_m, max_k] x [max_k, max_n] up front.
-  GemmScratch() = default;
-  GemmScratch(Index max_m, Index max_n, Index max_k) { reserve(max_m, max_n, max_k); }
-
-  // Grows the buffers to fit an [max_m, max_k] x [max_k, max_n] product (allocates only when
-  // they grow; a smaller request keeps the current buffers). Strong guarantee: if the allocation
-  // throws, the scratch is unchanged.
-  void reserve(Index max_m, Index max_n, Index max_k) {
-    reserve_packed_b();
-    if (fits(max_m, max_n, max_k)) return;
-    const Index m = std::max(max_m, max_m_), n = std::max(max_n, max_n_), k = std::max(max_k, max_k_);
-    auto blocking = std::make_unique<Blocking>(m, n, k, 1, true);
-    blocking->allocateAll();
-    blocking_ = std::move(blocking);
-    max_m_ = m;
-    max_n_ = n;
-    max_k_ = k;
-  }
-
-  // Whether an [m, k] x [k, n] product runs without growing the buffers.
-  bool fits(Index m, Index n, Index k) const {
-    return blocking_ != nullptr && m <= max_m_ && n <= max_n_ && k <= max_k_;
-  }
-
-  // Eigen's blocking object over the buffers (owned by this scratch; valid until it grows).
-  // Precondition: the scratch has been reserved (fits() for some size).
-  Blocking& blocking() { return *blocking_; }
-
-  // Bytes of the packing buffers held.
-  Index bytes() const {
-    const Index packed = packed_b_.size() * static_cast<Index>(sizeof(T));
-    if (!blocking_) return packed;
-    Blocking& b = *blocking_;
-    return packed + (b.mc() * b.kc() + b.kc() * b.nc()) * static_cast<Index>(sizeof(T));
-  }
-
-  // The AVX-512 float kernel's buffer for B's blocks (gemm_kernel.hpp: kPackedSize floats, 64-byte
-  // aligned), allocated by reserve() or here on first use. Empty for other types and builds.
-  T* packed_b() {
-    reserve_packed_b();
-    return packed_b_.data();
-  }
-
- private:
-  void reserve_packed_b() {
-#if GPT2_ATTENTION_AVX512_GEMM
-    if (std::is_same<T, float>::value && packed_b_.size() == 0) packed_b_.resize(detail::avx512::kPackedSize);
-#endif
-  }
-
-  std::unique_ptr<Blocking> blocking_;
-  Eigen::Matrix<T, Eigen::Dynamic, 1> packed_b_;  // Eigen allocates it aligned for the widest packet
-  Index max_m_ = 0, max_n_ = 0, max_k_ = 0;
-};
-
-enum class Op { None, Transpose };
-
 namespace detail {
 
-// Eigen's GEMM driver on raw row-major A, B (stored in BOrder), C: C += alpha * A * B.
-template <class T, int BOrder>
-void run_gemm(Index M, Index N, Index K, T alpha, const ConstMatrixRef<T>& A,
-              const ConstMatrixRef<T>& B, MatrixRef<T>& C, GemmScratch<T>& scratch) {
-  Eigen::internal::general_matrix_matrix_product<Index, T, Eigen::RowMajor, false, T, BOrder, false,
-                                                 Eigen::RowMajor, 1>::run(M, N, K, A.data(),
-                                                                          A.outerStride(), B.data(),
-                                                                          B.outerStride(), C.data(),
-                                                                          1, C.outerStride(), alpha,
-                                                                          scratch.blocking(),
-                                                                          nullptr);
+inline void check_gemm_shapes(Index a_rows, Index a_cols, Index kb, Index n, Index c_rows,
+                              Index c_cols) {
+  if (kb != a_cols || c_rows != a_rows || c_cols != n)
+    throw ShapeError("gemm: expected [M, K] x [K, N] -> [M, N], got A " +
+                     shape_string({a_rows, a_cols}) + ", op(B) " + shape_string({kb, n}) + ", C " +
+                     shape_string({c_rows, c_cols}));
 }
 
-// C[1, N] += alpha * A[1, K] * op(B) with Eigen's matrix-vector kernels (no packing, no
-// allocation: every operand is contiguous in its inner dimension).
+// The vector level's float kernels when T is float and the level has them; null otherwise.
 template <class T>
-void run_gemv(T alpha, const ConstMatrixRef<T>& A, const ConstMatrixRef<T>& B, Op op_b,
-              MatrixRef<T>& C) {
-  using RowVectorMap = Eigen::Map<RowVector<T>>;
-  using ConstRowVectorMap = Eigen::Map<const RowVector<T>>;
-  RowVectorMap c(C.data(), C.cols());
-  const ConstRowVectorMap a(A.data(), A.cols());
-  if (op_b == Op::None)
-    c.noalias() += alpha * a * B;              // B [K, N]: column-major GEMV on B^T
+const kernels::FloatKernels* vector_kernels() {
+  if constexpr (std::is_same<T, float>::value)
+    return kernels::float_kernels();
   else
-    c.noalias() += alpha * a * B.transpose();  // B [N, K]: one dot product per row of B
+    return nullptr;
 }
 
 }  // namespace detail
 
 // C[M, N] += alpha * A[M, K] * op(B)
-// With AVX-512, float, op = None and alpha = 1 run gemm_kernel.hpp's kernel (one chain of
-// multiply-adds per element, k in order: the same bits for any M and any split); the rest runs
-// Eigen's GEMM (GEMV for one row).
+// Float with op = None and alpha = 1 (the projections, att v) runs the active level's gemm (at
+// avx2 and avx512: one chain of multiply-adds per element, k in order: the same bits for any M and
+// any split); the rest runs Eigen's GEMM (GEMV for one row).
 //   op = None:      B is [K, N]
 //   op = Transpose: B is [N, K] and op(B) = B^T (e.g. scores = q k^T without a transposed copy)
 //   A, B: row-major views (see detail::as_view); C must not overlap A or B.
@@ -136,32 +55,51 @@ void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::Matri
   const Index M = A.rows(), K = A.cols();
   const Index N = op_b == Op::None ? B.cols() : B.rows();
   const Index KB = op_b == Op::None ? B.rows() : B.cols();
-  if (KB != K || C.rows() != M || C.cols() != N)
-    throw ShapeError("gemm: expected [M, K] x [K, N] -> [M, N], got A " +
-                     detail::shape_string({A.rows(), A.cols()}) + ", op(B) " +
-                     detail::shape_string({KB, N}) + ", C " +
-                     detail::shape_string({C.rows(), C.cols()}));
+  detail::check_gemm_shapes(M, K, KB, N, C.rows(), C.cols());
   if (detail::overlaps(C, A) || detail::overlaps(C, B))
     throw ShapeError("gemm: the output C overlaps an input");
   if (M == 0 || N == 0 || K == 0) return;
-#if GPT2_ATTENTION_AVX512_GEMM
+  if (const kernels::FloatKernels* k = detail::vector_kernels<T>()) {
+    if constexpr (std::is_same<T, float>::value) {
+      if (op_b == Op::None && alpha == T(1)) {
+        k->gemm(M, N, K, A.data(), A.outerStride(), B.data(), B.outerStride(), C.data(),
+                C.outerStride(), scratch.packed_b());
+        return;
+      }
+    }
+  }
+  kernels::generic::gemm<T>(alpha, A, B, op_b, C, scratch);
+}
+
+// C[M, n] += A[M, K] * B[:, j0 : j0 + n], B [K, N] given as a row-major view and, optionally, as
+// a PackedMatrix copy of it (null: none). The packed copy is read when the active level has vector
+// kernels (bitwise what the view gives: the same chains of multiply-adds); the generic level, and
+// double, read the view. j0 is a multiple of kernels::kPanelCols when `packed` is given.
+// PyTorch: C.add_(A @ B[:, j0:j0+n])
+template <class T>
+void gemm_accumulate_columns(const ConstMatrixRef<T>& A, const ConstMatrixRef<T>& B,
+                             const PackedMatrix* packed, Index j0, Index n, MatrixRef<T> C,
+                             GemmScratch<T>& scratch) {
   if constexpr (std::is_same<T, float>::value) {
-    if (op_b == Op::None && alpha == T(1)) {  // the projections and att v
-      detail::avx512::gemm(M, N, K, A.data(), A.outerStride(), B.data(), B.outerStride(), C.data(),
-                           C.outerStride(), scratch.packed_b());
+    const kernels::FloatKernels* k = detail::vector_kernels<T>();
+    if (packed != nullptr && k != nullptr) {
+      if (packed->rows() != B.rows() || packed->cols() != B.cols())
+        throw ShapeError("packed weight: expected shape " +
+                         detail::shape_string({B.rows(), B.cols()}) + ", got " +
+                         detail::shape_string({packed->rows(), packed->cols()}));
+      detail::check_gemm_shapes(A.rows(), A.cols(), B.rows(), n, C.rows(), C.cols());
+      if (j0 < 0 || j0 + n > B.cols())
+        throw ShapeError("gemm: columns [" + std::to_string(j0) + ", " + std::to_string(j0 + n) +
+                         ") outside B's " + std::to_string(B.cols()));
+      if (detail::overlaps(C, A)) throw ShapeError("gemm: the output C overlaps an input");
+      if (A.rows() == 0 || n == 0 || A.cols() == 0) return;
+      k->gemm_packed(A.rows(), n, A.cols(), A.data(), A.outerStride(), packed->panels_from(j0),
+                     C.data(), C.outerStride());
       return;
     }
   }
-#endif
-  if (M == 1) {  // one row (a decode step): Eigen's GEMV streams B once and needs no packing
-    detail::run_gemv<T>(alpha, A, B, op_b, C);
-    return;
-  }
-  scratch.reserve(M, N, K);
-  if (op_b == Op::None)
-    detail::run_gemm<T, Eigen::RowMajor>(M, N, K, alpha, A, B, C, scratch);
-  else  // B^T of a row-major [N, K] is a column-major [K, N] with the same stride
-    detail::run_gemm<T, Eigen::ColMajor>(M, N, K, alpha, A, B, C, scratch);
+  (void)packed;
+  gemm_accumulate<T>(T(1), A, B.middleCols(j0, n), Op::None, C, scratch);
 }
 
 }  // namespace gpt2

@@ -68,7 +68,7 @@ void run_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x
   MatrixRef<T> merged = ws.merged.topRows(T_new);
   const int n_threads = forward_threads(ws);
   // x is fully read here: out may alias x
-  projection_parallel<T>(x, w.c_attn_weight(), w.c_attn_bias(), qkv, ws, n_threads);
+  qkv_parallel<T>(w, x, qkv, ws, n_threads);
   cache.append(qkv.middleCols(C, C), qkv.middleCols(2 * C, C));
   try {
     const ConstMatrixRef<T> qkv_read = qkv;

@@ -1,13 +1,19 @@
 // AttentionWeights<T>: zero-copy views over the four tensors of one attention sublayer, in the
 // checkpoint's own layout (row-major, Conv1D [in, out]). The caller owns the buffers and must keep
 // them alive while the views are used; nothing is copied or transposed.
+//
+// pack_weights(w) (float) adds the one documented copy: c_attn.weight and c_proj.weight in the
+// vector kernels' panel layout (kernels/pack.hpp), made once, so that the projections stop packing
+// B on every call.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <type_traits>
 
 #include "gpt2/config.hpp"
 #include "gpt2/error.hpp"
+#include "gpt2/kernels/pack.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
@@ -57,7 +63,23 @@ class AttentionWeights {
   ConstMatrixMap<T> c_proj_weight() const { return {c_proj_weight_, n_embd(), n_embd()}; }
   ConstVectorMap<T> c_proj_bias() const { return {c_proj_bias_, n_embd()}; }
 
+  // The packed copies made by pack_weights (null when these weights are views only): read by the
+  // projections at the vector levels, instead of the views.
+  const PackedMatrix* packed_c_attn_weight() const { return packed_ ? &packed_->c_attn : nullptr; }
+  const PackedMatrix* packed_c_proj_weight() const { return packed_ ? &packed_->c_proj : nullptr; }
+  bool is_packed() const { return packed_ != nullptr; }
+  // Bytes of the packed copies (0 for views only).
+  Index packed_bytes() const { return packed_ ? packed_->c_attn.bytes() + packed_->c_proj.bytes() : 0; }
+
  private:
+  template <class U>
+  friend AttentionWeights<float> pack_weights(const AttentionWeights<U>& w);
+
+  struct Packed {
+    PackedMatrix c_attn, c_proj;
+  };
+  std::shared_ptr<const Packed> packed_;  // shared by the copies of packed weights
+
   static void check_not_null(const char* name, const T* p) {
     if (p == nullptr) throw ShapeError(std::string(name) + ": expected a buffer, got a null pointer");
   }
@@ -68,5 +90,24 @@ class AttentionWeights {
   const T* c_proj_weight_;
   const T* c_proj_bias_;
 };
+
+// The same weights with c_attn.weight [C, 3C] and c_proj.weight [C, C] also copied once into the
+// vector kernels' panel layout (the one copy this library makes of a checkpoint: 4 C^2 floats,
+// 9.4 MB for GPT-2 small; owned by the result and shared by its copies). At the avx2 and avx512
+// levels the projections read the packed copy, with bitwise the results of the views; the generic
+// level reads the views. The views (and the biases) still point at the caller's buffers, which
+// must outlive the result as before (pages of a memory-mapped file that are not read again cost
+// no memory once the OS drops them). float only: double runs Eigen's GEMM at every level.
+template <class U>
+AttentionWeights<float> pack_weights(const AttentionWeights<U>& w) {
+  static_assert(std::is_same<U, float>::value,
+                "gpt2::pack_weights: packed weights are float only (double runs Eigen's GEMM)");
+  AttentionWeights<float> packed = w;
+  auto p = std::make_shared<typename AttentionWeights<float>::Packed>();
+  p->c_attn = PackedMatrix(w.c_attn_weight());
+  p->c_proj = PackedMatrix(w.c_proj_weight());
+  packed.packed_ = std::move(p);
+  return packed;
+}
 
 }  // namespace gpt2

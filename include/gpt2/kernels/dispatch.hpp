@@ -1,0 +1,239 @@
+// The kernel layer's one interface: which instruction-set level runs the float kernels, chosen once
+// at run time from the CPU (cpuid and the OS's saved state, kernels/cpu.hpp), reported, and
+// forceable for tests and reproducibility.
+//
+// Levels, lowest first (each runs on any CPU that has its features; no compiler flag is needed:
+// the kernels carry per-function target attributes):
+//   generic  Eigen's own kernels, vectorized for whatever the program is compiled for (SSE2 on a
+//            plain x86-64 build); also the only level of double, of MSVC and of non-x86 builds
+//   avx2     AVX2 + FMA, 256-bit (kernels/avx2.hpp)
+//   avx512   AVX-512 F/BW/DQ/VL, 512-bit (kernels/avx512.hpp)
+//
+// The level in use is the highest the CPU has, unless forced: by the environment variable
+// GPT2_ATTENTION_ISA=generic|avx2|avx512 (read once, at the first use), or by set_isa() (which wins
+// over the environment). A level the CPU lacks, or an unknown name, is a ConfigError naming the
+// levels available: never a silent fallback.
+//
+// The float kernels' interface (all row-major; strides in floats; C never overlaps A or B):
+//   gemm(M, N, K, A, lda, B, ldb, C, ldc, pack)      C[M, N] += A[M, K] B[K, N] (B packed per call
+//                                                    into pack: kernels::kPackFloats floats)
+//   gemm_packed(M, N, K, A, lda, Bp, C, ldc)         the same, B in the panel layout (pack.hpp)
+//   row_times_matrix(N, K, a, B, ldb, c)             c[1, N] += a[1, K] B[K, N]
+//   row_times_packed(N, K, a, Bp, c)                 the same, B in the panel layout
+//   row_times_transposed(N, K, a, B, ldb, c)         c[1, N] = a[1, K] B[N, K]^T (q k^T of a row)
+//   softmax_row(row, n, n_keys, scale)               x = row * scale; row[:n] = softmax(x[:n]);
+//                                                    row[n:n_keys] = 0
+// with these bit-for-bit contracts, identical at avx2 and avx512 (so the two levels give the same
+// bits), checked by tests/test_kernels.cpp against the scalar emulation in tests/kernel_emulation.hpp:
+// - the gemm family: every element of C is one chain of fused multiply-adds in k order, starting
+//   from C's value: whatever M, the blocking or the column split, a row gives the same bits;
+// - row_times_transposed: 16 lane partial sums (lane l: d = l mod 16, in order, from +0), added by
+//   the tree of avx512::lane_sums16;
+// - softmax_row: max from -inf (NaN if any x is NaN); e = kexp(x - max), a Cephes-style exp
+//   (within 2 ulp; 0 below -87.33654); 16 lane sums of e (lane j mod 16, in order, from +0) added
+//   by halves (8, 4, 2, 1); row = e * (1 / sum).
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "gpt2/error.hpp"
+#include "gpt2/kernels/avx2.hpp"
+#include "gpt2/kernels/avx512.hpp"
+#include "gpt2/kernels/cpu.hpp"
+#include "gpt2/kernels/pack.hpp"
+#include "gpt2/types.hpp"
+
+namespace gpt2 {
+
+// The kernel levels, lowest first.
+enum class Isa : int { generic = 0, avx2 = 1, avx512 = 2 };
+
+inline constexpr Isa kAllIsas[] = {Isa::generic, Isa::avx2, Isa::avx512};
+
+// "generic", "avx2", "avx512": the names GPT2_ATTENTION_ISA and set_isa take.
+inline const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+    default: return "generic";
+  }
+}
+
+// Whether this build and this CPU (and OS) can run the level.
+inline bool isa_supported(Isa isa) {
+  const kernels::CpuFeatures& f = kernels::cpu_features();
+  switch (isa) {
+    case Isa::generic: return true;
+    case Isa::avx2: return GPT2_KERNELS_HAVE_AVX2 && f.avx2 && f.fma;
+    case Isa::avx512:
+      return GPT2_KERNELS_HAVE_AVX512 && f.avx2 && f.fma && f.avx512f && f.avx512bw &&
+             f.avx512dq && f.avx512vl;
+  }
+  return false;
+}
+
+// The levels this machine can run, lowest first (generic always).
+inline std::vector<Isa> available_isas() {
+  std::vector<Isa> levels;
+  for (Isa isa : kAllIsas)
+    if (isa_supported(isa)) levels.push_back(isa);
+  return levels;
+}
+
+// The highest level this machine can run.
+inline Isa best_isa() { return available_isas().back(); }
+
+namespace detail {
+
+inline std::string isa_list(const std::vector<Isa>& levels) {
+  std::string s;
+  for (Isa isa : levels) s += (s.empty() ? "" : ", ") + std::string(isa_name(isa));
+  return s;
+}
+
+inline std::vector<Isa> all_isas() { return {std::begin(kAllIsas), std::end(kAllIsas)}; }
+
+// The level named `name`, or a ConfigError (prefixed with `who`) for an unknown name or a level
+// this machine cannot run.
+inline Isa parse_isa(const std::string& name, const std::string& who) {
+  for (Isa isa : kAllIsas) {
+    if (name != isa_name(isa)) continue;
+    if (!isa_supported(isa))
+      throw ConfigError(who + ": the CPU has no " + name + " (levels available here: " +
+                        isa_list(available_isas()) + "; cpu: " + kernels::cpu_features().names() +
+                        ")");
+    return isa;
+  }
+  throw ConfigError(who + ": unknown kernel level '" + name + "' (expected one of " +
+                    isa_list(all_isas()) + "; available here: " + isa_list(available_isas()) +
+                    ")");
+}
+
+// GPT2_ATTENTION_ISA, read once: unset (empty), a level, or the error it gives.
+struct IsaFromEnvironment {
+  bool set = false;
+  Isa isa = Isa::generic;
+  std::string error;
+};
+
+inline const IsaFromEnvironment& isa_from_environment() {
+  static const IsaFromEnvironment choice = [] {
+    IsaFromEnvironment c;
+    const char* value = std::getenv("GPT2_ATTENTION_ISA");
+    if (value == nullptr || *value == '\0') return c;
+    c.set = true;
+    try {
+      c.isa = parse_isa(value, "GPT2_ATTENTION_ISA");
+    } catch (const ConfigError& e) {
+      c.error = e.what();
+    }
+    return c;
+  }();
+  return choice;
+}
+
+// The level set_isa() forced (-1: none).
+inline std::atomic<int>& forced_isa() {
+  static std::atomic<int> level{-1};
+  return level;
+}
+
+}  // namespace detail
+
+// The level the kernels run at: set_isa()'s, else GPT2_ATTENTION_ISA's, else best_isa().
+// Throws ConfigError when GPT2_ATTENTION_ISA names an unknown level or one the CPU lacks (and
+// set_isa() has not overridden it).
+inline Isa active_isa() {
+  const int forced = detail::forced_isa().load(std::memory_order_relaxed);
+  if (forced >= 0) return static_cast<Isa>(forced);
+  const detail::IsaFromEnvironment& env = detail::isa_from_environment();
+  if (!env.error.empty()) throw ConfigError(env.error);
+  return env.set ? env.isa : best_isa();
+}
+
+// Forces the kernels to `isa` from now on, for every thread (ConfigError if the machine cannot
+// run it). Call it between forwards, not while one runs. Results within one level are bitwise
+// reproducible; across levels they agree within the float32 bar.
+inline void set_isa(Isa isa) {
+  if (!isa_supported(isa)) detail::parse_isa(isa_name(isa), "set_isa");  // throws the error
+  detail::forced_isa().store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+// The same by name ("generic", "avx2", "avx512").
+inline void set_isa(const std::string& name) { set_isa(detail::parse_isa(name, "set_isa")); }
+
+// Undoes set_isa(): back to GPT2_ATTENTION_ISA or the CPU's best.
+inline void reset_isa() { detail::forced_isa().store(-1, std::memory_order_relaxed); }
+
+// What runs: the level in use, how it was chosen, the CPU features seen, the levels available.
+struct KernelInfo {
+  Isa isa = Isa::generic;
+  std::string level;            // isa_name(isa)
+  std::string chosen_by;        // "cpu" (the best it has), "GPT2_ATTENTION_ISA" or "set_isa"
+  std::string cpu;              // the features seen, e.g. "avx2 fma avx512f avx512bw ..."
+  std::vector<Isa> available;   // lowest first
+
+  // "avx512 (cpu: avx2 fma avx512f ...)"-style one-line summary: "LEVEL; cpu: FEATURES".
+  std::string summary() const { return level + "; cpu: " + cpu; }
+};
+
+// Throws ConfigError as active_isa() does.
+inline KernelInfo kernel_info() {
+  KernelInfo info;
+  info.isa = active_isa();
+  info.level = isa_name(info.isa);
+  if (detail::forced_isa().load(std::memory_order_relaxed) >= 0)
+    info.chosen_by = "set_isa";
+  else if (detail::isa_from_environment().set)
+    info.chosen_by = "GPT2_ATTENTION_ISA";
+  else
+    info.chosen_by = "cpu";
+  info.cpu = kernels::cpu_features().names();
+  info.available = available_isas();
+  return info;
+}
+
+namespace kernels {
+
+// One level's float kernels (see the interface above).
+struct FloatKernels {
+  Isa isa;
+  void (*gemm)(Index M, Index N, Index K, const float* A, Index lda, const float* B, Index ldb,
+               float* C, Index ldc, float* pack);
+  void (*gemm_packed)(Index M, Index N, Index K, const float* A, Index lda, const float* Bp,
+                      float* C, Index ldc);
+  void (*row_times_matrix)(Index N, Index K, const float* a, const float* B, Index ldb, float* c);
+  void (*row_times_packed)(Index N, Index K, const float* a, const float* Bp, float* c);
+  void (*row_times_transposed)(Index N, Index K, const float* a, const float* B, Index ldb,
+                               float* c);
+  void (*softmax_row)(float* row, Index n, Index n_keys, float scale);
+};
+
+// The table of a vector level (null for generic, and for a level this build does not have).
+inline const FloatKernels* float_kernels(Isa isa) {
+#if GPT2_KERNELS_HAVE_AVX512
+  static const FloatKernels avx512_table{Isa::avx512,           avx512::gemm,
+                                         avx512::gemm_packed,    avx512::row_times_matrix,
+                                         avx512::row_times_packed, avx512::row_times_transposed,
+                                         avx512::softmax_row};
+  if (isa == Isa::avx512) return &avx512_table;
+#endif
+#if GPT2_KERNELS_HAVE_AVX2
+  static const FloatKernels avx2_table{Isa::avx2,           avx2::gemm,
+                                       avx2::gemm_packed,    avx2::row_times_matrix,
+                                       avx2::row_times_packed, avx2::row_times_transposed,
+                                       avx2::softmax_row};
+  if (isa == Isa::avx2) return &avx2_table;
+#endif
+  (void)isa;
+  return nullptr;
+}
+
+// The active level's float kernels, or null at the generic level (the math then runs Eigen).
+inline const FloatKernels* float_kernels() { return float_kernels(active_isa()); }
+
+}  // namespace kernels
+}  // namespace gpt2
