@@ -11,7 +11,9 @@
 //   baseline_eigen/T:N          the straightforward Eigen implementation (bench/baseline.hpp)
 //   baseline_eigen_decode/past:N  the same for one decode step
 //   stage_qkv/T:N, stage_attention/T:N, stage_proj/T:N   the three stages of prefill
-//   peak_fma                    the machine's FMA peak on that many cores
+//   peak_fma, peak_fma_ymm      the machine's FMA peak on that many cores, 512-bit and 256-bit
+// The suite runs at the kernel level the CPU's features choose (GPT2_ATTENTION_ISA forces one:
+// run it once per level to compare levels; the level is in the context as `kernels`).
 //   bandwidth                   read bandwidth from DRAM on that many cores (`bytes_per_second`)
 //   bandwidth_cached            the same over 16 MB, which stays in the last-level cache
 // Counters: `flops` (FLOP/s) and `tokens_per_second`, both over wall-clock time (measured here:
@@ -21,10 +23,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
-#if defined(__x86_64__) || defined(__i386__)
+#include "gpt2/kernels/cpu.hpp"
+#if GPT2_ATTENTION_X86
 #include <immintrin.h>
 #endif
 
@@ -45,6 +49,12 @@ using gpt2::bench::Gpt2SmallLayer;
 const Gpt2SmallLayer& model() {
   static const Gpt2SmallLayer m(1);
   return m;
+}
+
+// model()'s weights packed once (pack_weights), as the library's users run them.
+const gpt2::AttentionWeights<float>& packed_model() {
+  static const gpt2::AttentionWeights<float> w = model().packed();
+  return w;
 }
 
 RowMatrix<float> input(Index T) {
@@ -97,7 +107,7 @@ void set_counters(benchmark::State& state, const WallClock& clock, double tokens
 void prefill(benchmark::State& state) {
   if (!use_threads(state)) return;
   const Index T = state.range(0);
-  const gpt2::AttentionWeights<float> w = model().weights();
+  const gpt2::AttentionWeights<float>& w = packed_model();
   const RowMatrix<float> x = input(T);
   RowMatrix<float> out(T, kC);
   gpt2::Workspace<float> ws(w.config(), T);
@@ -117,7 +127,7 @@ void prefill(benchmark::State& state) {
 void decode(benchmark::State& state) {
   if (!use_threads(state)) return;
   const Index past = state.range(0);
-  const gpt2::AttentionWeights<float> w = model().weights();
+  const gpt2::AttentionWeights<float>& w = packed_model();
   const RowMatrix<float> x = input(past + 1);
   gpt2::KVCache<float> cache(w.config(), past + 1);
   gpt2::Workspace<float> ws(w.config(), std::max<Index>(past, 1), cache.capacity());
@@ -142,7 +152,7 @@ void decode(benchmark::State& state) {
 void decode_batch(benchmark::State& state) {
   if (!use_threads(state, 2)) return;
   const Index B = state.range(0), past = state.range(1);
-  const gpt2::AttentionWeights<float> w = model().weights();
+  const gpt2::AttentionWeights<float>& w = packed_model();
   std::vector<gpt2::KVCache<float>> caches;
   gpt2::Workspace<float> ws(w.config(), std::max<Index>(past, B), past + 1);
   const RowMatrix<float> prompt = input(past);
@@ -198,7 +208,7 @@ void decode_model(benchmark::State& state) {
   const Index past = state.range(0);
   Model& m = decode_model_state(past);
   std::vector<gpt2::AttentionWeights<float>> weights;
-  for (const Gpt2SmallLayer& layer : m.layers) weights.push_back(layer.weights());
+  for (const Gpt2SmallLayer& layer : m.layers) weights.push_back(layer.packed());
   const RowMatrix<float> x = input(1);
   RowMatrix<float> out(1, kC);
   gpt2::Workspace<float> ws(weights[0].config(), 1, past + 1);
@@ -222,7 +232,7 @@ void decode_model(benchmark::State& state) {
 void baseline_eigen(benchmark::State& state) {
   if (!use_threads(state)) return;
   const Index T = state.range(0);
-  const gpt2::AttentionWeights<float> w = model().weights();
+  const gpt2::AttentionWeights<float>& w = packed_model();
   const RowMatrix<float> x = input(T);
   WallClock clock;
   clock.start();
@@ -238,7 +248,7 @@ void baseline_eigen(benchmark::State& state) {
 void baseline_eigen_decode(benchmark::State& state) {
   if (!use_threads(state)) return;
   const Index past = state.range(0);
-  const gpt2::AttentionWeights<float> w = model().weights();
+  const gpt2::AttentionWeights<float>& w = packed_model();
   RowMatrix<float> K = input(past + 1), V = K * 0.5f;  // rows 0 .. past - 1 act as the cache
   const RowMatrix<float> x = input(1);
   WallClock clock;
@@ -255,7 +265,7 @@ void baseline_eigen_decode(benchmark::State& state) {
 void stage_qkv(benchmark::State& state) {
   if (!use_threads(state)) return;
   const Index T = state.range(0);
-  const gpt2::AttentionWeights<float> w = model().weights();
+  const gpt2::AttentionWeights<float>& w = packed_model();
   const RowMatrix<float> x = input(T);
   gpt2::Workspace<float> ws(w.config(), T);
   gpt2::MatrixRef<float> qkv = ws.qkv.topRows(T);
@@ -263,8 +273,7 @@ void stage_qkv(benchmark::State& state) {
   WallClock clock;
   clock.start();
   for (auto _ : state) {
-    gpt2::detail::projection_parallel<float>(x, w.c_attn_weight(), w.c_attn_bias(), qkv, ws,
-                                             n_threads);
+    gpt2::detail::qkv_parallel<float>(w, x, qkv, ws, n_threads);
     benchmark::DoNotOptimize(ws.qkv.data());
     benchmark::ClobberMemory();
   }
@@ -275,7 +284,7 @@ void stage_qkv(benchmark::State& state) {
 void stage_attention(benchmark::State& state) {
   if (!use_threads(state)) return;
   const Index T = state.range(0);
-  const gpt2::AttentionWeights<float> w = model().weights();
+  const gpt2::AttentionWeights<float>& w = packed_model();
   gpt2::Workspace<float> ws(w.config(), T);
   gpt2::qkv_projection<float>(w, input(T), ws.qkv.topRows(T));
   const gpt2::ConstMatrixRef<float> qkv = ws.qkv.topRows(T);
@@ -298,7 +307,7 @@ void stage_attention(benchmark::State& state) {
 void stage_proj(benchmark::State& state) {
   if (!use_threads(state)) return;
   const Index T = state.range(0);
-  const gpt2::AttentionWeights<float> w = model().weights();
+  const gpt2::AttentionWeights<float>& w = packed_model();
   const RowMatrix<float> merged = input(T);
   RowMatrix<float> out(T, kC);
   gpt2::MatrixRef<float> out_ref = out;
@@ -307,8 +316,7 @@ void stage_proj(benchmark::State& state) {
   WallClock clock;
   clock.start();
   for (auto _ : state) {
-    gpt2::detail::projection_parallel<float>(merged, w.c_proj_weight(), w.c_proj_bias(), out_ref,
-                                             ws, n_threads);
+    gpt2::detail::proj_parallel<float>(w, merged, out_ref, ws, n_threads);
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
@@ -316,51 +324,74 @@ void stage_proj(benchmark::State& state) {
   set_counters(state, clock, T, proj_flop(T));
 }
 
-// Independent FMA chains in registers on every thread: the FMA peak this binary can reach on
-// that many cores.
-#if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int kLanes = 16;
-inline Vec vec_fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec vec_set(float x) { return _mm512_set1_ps(x); }
-#elif defined(__FMA__)
-using Vec = __m256;
-constexpr int kLanes = 8;
-inline Vec vec_fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec vec_set(float x) { return _mm256_set1_ps(x); }
-#endif
-
-#if defined(__AVX512F__) || defined(__FMA__)
+// Independent FMA chains in registers on every thread: the FMA peak of 512-bit (zmm) and 256-bit
+// (ymm) vectors on that many cores, compiled with target attributes like the kernels (no -m flag
+// needed) and run only where the CPU has the instructions.
 constexpr int kChains = 12, kSteps = 1000;
+constexpr int kRepeats = 200;  // about 0.4 ms per thread per iteration
 
-void fma_chains(int repeats) {
-  const Vec mul = vec_set(0.999999f), add = vec_set(1e-7f);
-  Vec acc[kChains];
-  for (Vec& a : acc) a = vec_set(1.0f);
+#if GPT2_ATTENTION_X86
+__attribute__((target("avx512f"))) void fma_chains_zmm(int repeats) {
+  const __m512 mul = _mm512_set1_ps(0.999999f), add = _mm512_set1_ps(1e-7f);
+  __m512 acc[kChains];
+  for (__m512& a : acc) a = _mm512_set1_ps(1.0f);
   for (int r = 0; r < repeats; ++r)
     for (int s = 0; s < kSteps; ++s)
-      for (Vec& a : acc) a = vec_fma(a, mul, add);
-  for (Vec& a : acc) benchmark::DoNotOptimize(a);
+#pragma GCC unroll 12
+      for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], mul, add);
+  float sink = 0;
+  for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_ps(acc[c]);
+  benchmark::DoNotOptimize(sink);
+}
+
+__attribute__((target("avx2,fma"))) void fma_chains_ymm(int repeats) {
+  const __m256 mul = _mm256_set1_ps(0.999999f), add = _mm256_set1_ps(1e-7f);
+  __m256 acc[kChains];
+  for (__m256& a : acc) a = _mm256_set1_ps(1.0f);
+  for (int r = 0; r < repeats; ++r)
+    for (int s = 0; s < kSteps; ++s)
+#pragma GCC unroll 12
+      for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], mul, add);
+  alignas(32) float lanes[8];
+  float sink = 0;
+  for (int c = 0; c < kChains; ++c) {
+    _mm256_store_ps(lanes, acc[c]);
+    for (float l : lanes) sink += l;
+  }
+  benchmark::DoNotOptimize(sink);
 }
 #endif
 
-void peak_fma(benchmark::State& state) {
+// peak_fma (zmm, where the CPU has AVX-512) and peak_fma_ymm (AVX2 + FMA).
+void peak(benchmark::State& state, int lanes) {
   if (!use_threads(state, 0)) return;
-#if defined(__AVX512F__) || defined(__FMA__)
+#if GPT2_ATTENTION_X86
+  const gpt2::Isa needed = lanes == 16 ? gpt2::Isa::avx512 : gpt2::Isa::avx2;
+  if (!gpt2::isa_supported(needed)) {
+    state.SkipWithError(lanes == 16 ? "skipped: the CPU has no avx512" : "skipped: the CPU has no avx2");
+    return;
+  }
   const int n = static_cast<int>(state.range(0));
-  constexpr int kRepeats = 200;  // about 0.4 ms per thread per iteration
   WallClock clock;
   clock.start();
   for (auto _ : state) {
-    gpt2::detail::parallel_tasks(n, n, [](Index, int) { fma_chains(kRepeats); });
+    gpt2::detail::parallel_tasks(n, n, [lanes](Index, int) {
+      if (lanes == 16)
+        fma_chains_zmm(kRepeats);
+      else
+        fma_chains_ymm(kRepeats);
+    });
   }
   clock.stop();
-  set_counters(state, clock, 0, 2.0 * kLanes * kChains * kSteps * kRepeats * n);
+  set_counters(state, clock, 0, 2.0 * lanes * kChains * kSteps * kRepeats * n);
   state.counters.erase("tokens_per_second");
 #else
-  state.SkipWithError("built without FMA (configure with GPT2_ATTENTION_NATIVE=ON)");
+  (void)lanes;
+  state.SkipWithError("skipped: not an x86 build");
 #endif
 }
+void peak_fma(benchmark::State& state) { peak(state, 16); }
+void peak_fma_ymm(benchmark::State& state) { peak(state, 8); }
 
 // Sums a buffer split over the threads: bytes_per_second is the read bandwidth.
 void read_bandwidth(benchmark::State& state, const Eigen::VectorXf& buffer) {
@@ -410,9 +441,25 @@ BENCHMARK(stage_qkv)->Name("stage_qkv")->ArgsProduct({kTokens, kThreads})->ArgNa
 BENCHMARK(stage_attention)->Name("stage_attention")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(stage_proj)->Name("stage_proj")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(peak_fma)->Name("peak_fma")->ArgsProduct({kThreads})->ArgNames({"threads"});
+BENCHMARK(peak_fma_ymm)->Name("peak_fma_ymm")->ArgsProduct({kThreads})->ArgNames({"threads"});
 BENCHMARK(bandwidth)->Name("bandwidth")->ArgsProduct({kThreads})->ArgNames({"threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(bandwidth_cached)->Name("bandwidth_cached")->ArgsProduct({kThreads})->ArgNames({"threads"})->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  gpt2::KernelInfo info;
+  try {
+    info = gpt2::kernel_info();  // a bad GPT2_ATTENTION_ISA is an error here
+  } catch (const gpt2::Error& e) {
+    std::fprintf(stderr, "gpt2_bench: %s\n", e.what());
+    return 2;
+  }
+  benchmark::AddCustomContext("kernels", info.level);
+  benchmark::AddCustomContext("cpu_features", info.cpu);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

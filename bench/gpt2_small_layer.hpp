@@ -24,6 +24,9 @@ struct Gpt2SmallLayer {
   AttentionWeights<float> weights() const {
     return {{kC, kHeads}, view(c_attn_w), view(c_attn_b), view(c_proj_w), view(c_proj_b)};
   }
+  // The same with c_attn.weight and c_proj.weight packed once (gpt2::pack_weights): what the
+  // library's users run, and what the suite measures.
+  AttentionWeights<float> packed() const { return pack_weights(weights()); }
   // Bytes of the four tensors: what a decode step reads of the layer's weights.
   static constexpr double bytes() { return 4.0 * (kC * 3 * kC + 3 * kC + kC * kC + kC); }
 };

@@ -192,6 +192,7 @@ struct DemoReport {
   std::vector<HeadStats> stats;  // one per head
   std::vector<Job> designed;     // the embedded model's intended jobs; empty for a checkpoint
   Timing timing;
+  std::string kernels;  // the kernel level the forward ran at (kernel_info().level)
 };
 
 inline void print_head_table(std::ostream& out, const DemoReport& r) {
@@ -236,9 +237,10 @@ inline void print_legend(std::ostream& out, const DemoReport& r) {
 inline void print_timing(std::ostream& out, const DemoReport& r) {
   const Index C = r.config.n_embd, n_head = r.config.n_head, hd = r.config.head_dim();
   const double flop = attention_flop(r.T, C, n_head, hd);
-  out << strprintf("forward: %.3f ms (median of %d runs after %d warm-up runs), %.2f GFLOP/s\n",
+  out << strprintf("forward: %.3f ms (median of %d runs after %d warm-up runs), %.2f GFLOP/s, "
+                   "kernels: %s\n",
                    r.timing.median_seconds * 1e3, r.timing.runs, r.timing.warmup,
-                   flop / r.timing.median_seconds * 1e-9);
+                   flop / r.timing.median_seconds * 1e-9, r.kernels.c_str());
   out << strprintf(
       "FLOP = 2*T*C*3C + 2*T*C*C + 2*2*n_head*head_dim*T*(T+1)/2 = %.4f GFLOP (T = %td, C = %td, "
       "n_head = %td, head_dim = %td)\n",
@@ -278,6 +280,7 @@ inline void demo_report(std::ostream& out, const std::string& title, const Atten
   r.stats = analyse_heads(probs, w.n_head());
   r.designed = designed;
   r.timing = time_forward(w, x);
+  r.kernels = kernel_info().level;
   if (!png.empty()) write_demo_picture(png, probs, w.n_head(), png_scale);
   print_report(out, r);
   if (!png.empty()) out << "picture: " << png << "\n";
@@ -299,7 +302,7 @@ inline void demo_embedded(const DemoOptions& o, std::ostream& out) {
   } catch (const Error& e) {
     throw ConfigError(std::string("embedded model: ") + e.what());
   }
-  const AttentionWeights<float> w = model.weights(n_head);
+  const AttentionWeights<float> w = pack_weights(model.weights(n_head));
   std::vector<Job> designed;
   if (n_head == kDemoHeads)
     for (Index h = 0; h < kDemoHeads; ++h) designed.push_back(demo_designed_job(h));
@@ -313,7 +316,7 @@ inline void demo_embedded(const DemoOptions& o, std::ostream& out) {
 inline void demo_checkpoint(const DemoOptions& o, std::ostream& out) {
   const safetensors::File file = open_weights(o.weights);
   const safetensors::LoadedAttention<float> loaded = load_layer<float>(file, o.layer, o.n_head);
-  const AttentionWeights<float>& w = loaded.weights();
+  const AttentionWeights<float> w = pack_weights(loaded.weights());
   RowMatrix<float> x;
   try {
     x = position_input(file, o.layer, o.tokens, w.n_embd());

@@ -3,6 +3,7 @@
 //   gpt2-attention run  --weights W.safetensors --input X.npy --output Y.npy [...]   run_command.hpp
 //   gpt2-attention demo [--weights W.safetensors] [...]                              demo_command.hpp
 //   gpt2-attention help | --help | -h                                                usage.hpp
+//   gpt2-attention --version      version, kernel level in use and the CPU features seen
 //
 // Exit status: 0 success, 2 a malformed command line (cli::UsageError), 1 anything wrong with the
 // data (gpt2::Error: files, tensors, shapes, configuration). Errors are one line on stderr,
@@ -43,6 +44,14 @@ int dispatch(const std::vector<std::string>& args) {
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (command == "help" || command == "--help" || command == "-h") {
     std::cout << usage_text();
+    return 0;
+  }
+  if (command == "--version" || command == "version") {
+    if (rest.size() > 0) throw UsageError("--version takes no arguments, got '" + rest.front() + "'");
+    const gpt2::KernelInfo info = gpt2::kernel_info();  // a bad GPT2_ATTENTION_ISA: ConfigError, exit 1
+    std::cout << "gpt2-attention " << gpt2::version_major << "." << gpt2::version_minor << "."
+              << gpt2::version_patch
+              << " (kernels: " << info.level << "; cpu: " << info.cpu << ")\n";
     return 0;
   }
   if (command != "run" && command != "demo") {

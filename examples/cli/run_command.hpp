@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "packed_weights.hpp"
 #include "args.hpp"
 #include "attention_picture.hpp"
 #include "batch_run.hpp"
@@ -160,7 +161,7 @@ template <class T>
 RunResult<T> compute_run(const RunOptions& o) {
   const safetensors::File file = open_weights(o.weights);
   const safetensors::LoadedAttention<T> loaded = load_layer<T>(file, o.layer, o.n_head);
-  const AttentionWeights<T>& w = loaded.weights();
+  const AttentionWeights<T> w = packed_for_kernels(loaded.weights());
   const RunInput<T> input = read_input<T>(o.input, w.n_embd());
   const std::optional<BatchLayout> layout = input_layout(input.shape, o.starts, o.lengths);
 

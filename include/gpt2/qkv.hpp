@@ -23,7 +23,8 @@ namespace gpt2 {
 //   x [T, C] (read; a row-major matrix or view), qkv [T, 3C] (written; caller-owned storage that
 //   must not overlap x)
 // PyTorch: torch.addmm(c_attn.bias, x, c_attn.weight)
-// `gemm` holds Eigen's packing buffers; pass the workspace's to make the call allocation-free.
+// `gemm` holds the packing buffers; pass the workspace's to make the call allocation-free. Reads
+// the packed copy of c_attn.weight when w has one (pack_weights) and the level has vector kernels.
 template <class T, class D>
 void qkv_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x_in,
                     MatrixRef<T> qkv, GemmScratch<T>& gemm) {
@@ -33,7 +34,7 @@ void qkv_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x_
   detail::check_shape("qkv", {T_, 3 * C}, {qkv.rows(), qkv.cols()});
   if (detail::overlaps(qkv, x)) throw ShapeError("qkv: must not overlap x");
   qkv.rowwise() = w.c_attn_bias();
-  gemm_accumulate<T>(T(1), x, w.c_attn_weight(), Op::None, qkv, gemm);
+  gemm_accumulate_columns<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), 0, 3 * C, qkv, gemm);
 }
 
 // Same, with a one-off GemmScratch (allocates).

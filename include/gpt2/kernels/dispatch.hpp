@@ -83,8 +83,11 @@ inline std::vector<Isa> available_isas() {
   return levels;
 }
 
-// The highest level this machine can run.
-inline Isa best_isa() { return available_isas().back(); }
+// The highest level this machine can run (found once; no allocation after the first call).
+inline Isa best_isa() {
+  static const Isa best = available_isas().back();
+  return best;
+}
 
 namespace detail {
 
