@@ -366,8 +366,8 @@ __attribute__((target("avx2,fma"))) void fma_chains_ymm(int repeats) {
 void peak(benchmark::State& state, int lanes) {
   if (!use_threads(state, 0)) return;
 #if GPT2_ATTENTION_X86
-  const gpt2::Isa needed = lanes == 16 ? gpt2::Isa::avx512 : gpt2::Isa::avx2;
-  if (!gpt2::isa_supported(needed)) {
+  const gpt2::kernels::CpuFeatures& f = gpt2::kernels::cpu_features();
+  if (!(lanes == 16 ? f.avx512f : f.avx2 && f.fma)) {
     state.SkipWithError(lanes == 16 ? "skipped: the CPU has no avx512" : "skipped: the CPU has no avx2");
     return;
   }
