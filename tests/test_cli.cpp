@@ -101,8 +101,10 @@ enum class Stdout {
 // so that `cwd` holds only what the CLI itself writes. A run that takes over two minutes (a hang,
 // e.g. on a FIFO) is killed and reported as status -2. address_space > 0: the child's RLIMIT_AS,
 // so that an allocation beyond it fails (std::bad_alloc) instead of succeeding or swapping.
+// env: NAME=VALUE entries added to the child's environment.
 CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd,
-                  Stdout stdout_to = Stdout::File, rlim_t address_space = 0) {
+                  Stdout stdout_to = Stdout::File, rlim_t address_space = 0,
+                  std::vector<std::string> env = {}) {
   const TempDir logs("gpt2-cli");
   const std::string out_path = logs.file("stdout"), err_path = logs.file("stderr");
   std::vector<std::string> argv_strings = {GPT2_CLI_PATH};
@@ -131,6 +133,7 @@ CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd,
       const rlimit limit{address_space, address_space};
       if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(127);
     }
+    for (std::string& e : env) ::putenv(e.data());
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }
@@ -282,6 +285,12 @@ class CliTest : public ::testing::Test {
   CliResult cli(const std::vector<std::string>& args, Stdout stdout_to = Stdout::File,
                 rlim_t address_space = 0) const {
     return run_cli(args, dir.path_string(), stdout_to, address_space);
+  }
+  // The CLI with GPT2_ATTENTION_ISA=level (unset when empty) in its environment.
+  CliResult cli_at(const std::string& level, const std::vector<std::string>& args) const {
+    std::vector<std::string> env;
+    if (!level.empty()) env.push_back("GPT2_ATTENTION_ISA=" + level);
+    return run_cli(args, dir.path_string(), Stdout::File, 0, env);
   }
   // The CLI in kSmallAddressSpace.
   CliResult cli_small(const std::vector<std::string>& args) const {
@@ -934,6 +943,72 @@ TEST_F(CliTest, HelpPrintsUsageToStdout) {
                                    "--png FILE.png", "--png-scale linear|sqrt", "keys after the query grey"})
       EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
     EXPECT_EQ(r.err, "");
+  }
+}
+
+// --version: "gpt2-attention VERSION (kernels: LEVEL; cpu: FEATURES)", LEVEL the one in use.
+TEST_F(CliTest, VersionNamesTheKernelLevelInUseAndTheCpuFeatures) {
+  const std::string version = std::to_string(gpt2::version_major) + "." +
+                              std::to_string(gpt2::version_minor) + "." +
+                              std::to_string(gpt2::version_patch);
+  const std::string cpu = gpt2::kernels::cpu_features().names();
+  const auto line = [&](const char* level) {
+    return "gpt2-attention " + version + " (kernels: " + level + "; cpu: " + cpu + ")\n";
+  };
+  const CliResult chosen = cli_at("", {"--version"});
+  EXPECT_EQ(chosen.status, 0) << chosen.err;
+  EXPECT_EQ(chosen.out, line(gpt2::isa_name(gpt2::best_isa())));
+  EXPECT_EQ(chosen.err, "");
+  for (const gpt2::Isa isa : gpt2::available_isas()) {
+    const CliResult forced = cli_at(gpt2::isa_name(isa), {"--version"});
+    EXPECT_EQ(forced.status, 0) << forced.err;
+    EXPECT_EQ(forced.out, line(gpt2::isa_name(isa)));
+  }
+  const CliResult extra = cli_at("", {"--version", "x"});
+  EXPECT_EQ(extra.status, 2);
+  EXPECT_EQ(extra.err, "gpt2-attention: --version takes no arguments, got 'x' (see gpt2-attention --help)\n");
+}
+
+TEST_F(CliTest, AnUnknownOrUnavailableLevelIsAnErrorForEveryCommand) {
+  std::string available;
+  for (const gpt2::Isa isa : gpt2::available_isas())
+    available += (available.empty() ? "" : ", ") + std::string(gpt2::isa_name(isa));
+  const std::string unknown = "gpt2-attention: GPT2_ATTENTION_ISA: unknown kernel level 'avx9' "
+                              "(expected one of generic, avx2, avx512; available here: " +
+                              available + ")\n";
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"--version"}, {"demo", "--tokens", "8"},
+                                             {"run", "--weights", "w.safetensors", "--input",
+                                              "x.npy", "--output", "y.npy", "--n-head", "4"}}) {
+    SCOPED_TRACE(args.front());
+    const CliResult r = cli_at("avx9", args);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, unknown);
+    EXPECT_FALSE(std::filesystem::exists(file("y.npy"))) << "nothing written";
+  }
+  bool refused = false;
+  for (const gpt2::Isa isa : gpt2::kAllIsas) {
+    if (gpt2::isa_supported(isa)) continue;
+    refused = true;
+    const CliResult r = cli_at(gpt2::isa_name(isa), {"--version"});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.err.rfind(std::string("gpt2-attention: GPT2_ATTENTION_ISA: the CPU has no ") +
+                              gpt2::isa_name(isa) + " (levels available here: " + available,
+                          0),
+              0u)
+        << r.err;
+  }
+  if (!refused) std::printf("(this machine has every level: none to refuse)\n");
+}
+
+TEST_F(CliTest, DemoPrintsTheKernelLevelBesideItsTiming) {
+  for (const gpt2::Isa isa : gpt2::available_isas()) {
+    const CliResult r = cli_at(gpt2::isa_name(isa), {"demo", "--tokens", "8"});
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find(std::string("GFLOP/s, kernels: ") + gpt2::isa_name(isa) + "\n"),
+              std::string::npos)
+        << r.out;
   }
 }
 
