@@ -270,6 +270,21 @@ TEST(Avx2Kernels, RowTimesTransposedIsExactForExactSums) {
   }
 }
 
+// Lanes past K add nothing, not fma(0, 0, lane): a lane whose products all round to -0 stays -0,
+// so a row of tiny negative products sums to -0 as in the emulation. (Today's avx512 kernel
+// multiplies zeros into those lanes and gives +0 here: not compared.)
+TEST(Avx2Kernels, RowTimesTransposedLanesPastKAddNothing) {
+  SKIP_WITHOUT_AVX2();
+  for (Index K : {16, 17, 20, 31, 33, 70}) {  // every lane has products (K >= 16), then a tail
+    const Index N = 6;
+    std::vector<float> a(K, -1e-30f), B(N * K, 1e-30f), c(N), want(N);
+    emu::row_times_transposed(N, K, a.data(), B.data(), K, want.data());
+    avx2::row_times_transposed(N, K, a.data(), B.data(), K, c.data());
+    ASSERT_EQ(bits(want[0]), bits(-0.0f)) << "K=" << K;
+    ASSERT_TRUE(same_bits(c.data(), want.data(), N)) << "K=" << K;
+  }
+}
+
 double ulps_from_exp(float got, float x) {
   const double want = std::exp(double(x));
   const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);  // of a float near want

@@ -338,6 +338,12 @@ GPT2_KERNEL_AVX2 inline void gemm(Index M, Index N, Index K, const float* A, Ind
 // d = l, l + 16, ...: lanes 0-7 in one vector, 8-15 in another) and the fixed tree of the avx512
 // level's lane_sums16: t_g = (x[4g] + x[4g+2]) + (x[4g+1] + x[4g+3]), sum = (t_0 + t_1) + (t_2 + t_3).
 
+// fma(a, b, acc) in the lanes of m; acc unchanged in the others. (An fma with zeros there instead
+// would turn a lane's -0 into +0: a lane of tiny negative products rounds to -0.)
+GPT2_KERNEL_AVX2 inline __m256 masked_fmadd(__m256 a, __m256 b, __m256 acc, __m256i m) {
+  return _mm256_blendv_ps(acc, _mm256_fmadd_ps(a, b, acc), _mm256_castsi256_ps(m));
+}
+
 // The 16 partial sums of a[0, K) . r[0, K) into lo (lanes 0-7) and hi (8-15). kDepth: K known at
 // compile time (the loop unrolled), or 0 for a run-time K.
 template <Index kDepth>
@@ -361,8 +367,8 @@ GPT2_KERNEL_AVX2 inline void dot_lanes4(const float* a, const float* B, Index ld
     const __m256 a0 = _mm256_maskload_ps(a + d, m0), a1 = _mm256_maskload_ps(a + d + 8, m1);
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
-      lo[i] = _mm256_fmadd_ps(a0, _mm256_maskload_ps(B + i * ldb + d, m0), lo[i]);
-      hi[i] = _mm256_fmadd_ps(a1, _mm256_maskload_ps(B + i * ldb + d + 8, m1), hi[i]);
+      lo[i] = masked_fmadd(a0, _mm256_maskload_ps(B + i * ldb + d, m0), lo[i], m0);
+      hi[i] = masked_fmadd(a1, _mm256_maskload_ps(B + i * ldb + d + 8, m1), hi[i], m1);
     }
   }
 }
@@ -383,9 +389,9 @@ GPT2_KERNEL_AVX2 inline void dot_lanes_tail(const float* a, const float* B, Inde
     }
     if (d < K) {
       const __m256i m0 = lanes(K - d), m1 = lanes(K - d - 8);
-      lo[i] = _mm256_fmadd_ps(_mm256_maskload_ps(a + d, m0), _mm256_maskload_ps(r + d, m0), lo[i]);
-      hi[i] = _mm256_fmadd_ps(_mm256_maskload_ps(a + d + 8, m1), _mm256_maskload_ps(r + d + 8, m1),
-                              hi[i]);
+      lo[i] = masked_fmadd(_mm256_maskload_ps(a + d, m0), _mm256_maskload_ps(r + d, m0), lo[i], m0);
+      hi[i] = masked_fmadd(_mm256_maskload_ps(a + d + 8, m1), _mm256_maskload_ps(r + d + 8, m1),
+                           hi[i], m1);
     }
   }
 }
