@@ -1,5 +1,5 @@
-// Scalar emulation of the kernel layer's bit-for-bit orders (docs: notes/kernel_interface.md,
-// "Bit-for-bit contracts"), with std::fma and plain float operations, one element at a time.
+// Scalar emulation of the kernel layer's bit-for-bit orders (the "Bit-for-bit contracts" of the
+// kernel interface), with std::fma and plain float operations, one element at a time.
 // Every ISA level's kernels are compared with these bit for bit. Slow and obviously in order:
 // each rounding the contract names is one operation here, and every product and sum goes through
 // rounded() (a volatile store) so that the compiler cannot contract a product and a sum into a

@@ -6,10 +6,10 @@
 //   row_times_transposed:     c[1, N]  = a[1, K] * B[N, K]^T   (q k^T: one query against its keys)
 //   softmax_row:              row = softmax(row[0, n) * scale), zeros in [n, n_keys)
 //   kexp:                     exp(x) for the softmax
-// The results are bitwise those of the avx512 level (the orders of docs/kernel_interface.md:
+// The results are bitwise those of the avx512 level (the bit-for-bit orders of the kernel interface:
 // gemm is one chain of fused multiply-adds per element, k in order; row_times_transposed 16 lane
-// sums and a fixed tree; the softmax 16 lane sums and a fixed tree), so the level in use never
-// changes a result. tests/kernel_emulation.hpp emulates those orders in scalar code.
+// sums and a fixed tree; the softmax 16 lane sums and a fixed tree): avx2 and avx512 give the
+// same bits. tests/kernel_emulation.hpp emulates those orders in scalar code.
 #pragma once
 
 #include <algorithm>
@@ -441,7 +441,7 @@ GPT2_KERNEL_AVX2 inline void row_times_transposed(Index N, Index K, const float*
 // ---------------------------------------------------------------------------------------------
 // exp and the softmax.
 
-// kexp of 8 lanes (the order of docs/kernel_interface.md): NaN stays NaN, x < -87.33654 gives 0,
+// kexp of 8 lanes (the interface's order): NaN stays NaN, x < -87.33654 gives 0,
 // otherwise y * 2^n with n = nearbyint(x log2(e)) (x capped at 88) and y a degree-7 polynomial of
 // the reduced argument r = x - n ln(2).
 GPT2_KERNEL_AVX2 inline __m256 kexp8(__m256 x) {
@@ -473,7 +473,7 @@ GPT2_KERNEL_AVX2 inline float kexp(float x) {
 }
 
 // In place, for one score row: x_j = row[j] * scale, row[j] = softmax(x)_j for j < n, row[j] = 0
-// for n <= j < n_keys (1 <= n <= n_keys). The order of docs/kernel_interface.md: the max over
+// for n <= j < n_keys (1 <= n <= n_keys). The interface's order: the max over
 // x (NaN if any x is NaN), e_j = kexp(x_j - max), 16 lane sums of e (lane j mod 16, from the row's
 // start) reduced s_i + s_{i+8}, then + 4, + 2, + 1; row[j] = e_j * (1 / sum).
 GPT2_KERNEL_AVX2 inline void softmax_row(float* row, Index n, Index n_keys, float scale) {
