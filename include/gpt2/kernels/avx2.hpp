@@ -98,7 +98,7 @@ GPT2_KERNEL_AVX2 inline void micro_tile(const float* a, Index lda, const float* 
   }
 }
 
-// micro_tile for a run-time row count 1 <= rows <= 6 and `cols` <= 16 columns of C.
+// micro_tile for a run-time row count 1 <= rows <= 6 (Full: 16 columns, else those of m0 / m1).
 template <bool Full>
 GPT2_KERNEL_AVX2 inline void micro_tile_rows(int rows, const float* a, Index lda, const float* b,
                                              float* c, Index ldc, Index depth, __m256i m0,
