@@ -60,17 +60,18 @@ int main(int argc, char** argv) {
   RowMatrix<float> out(1, kC);
   gpt2::Workspace<float> ws(config, 1, kPast + 1);
   const int n_threads = gpt2::detail::forward_threads(ws);
+  std::vector<gpt2::AttentionWeights<float>> packed;  // the layers' weights packed once
+  for (const auto& layer : layers) packed.push_back(layer.packed());
   double total[4] = {0, 0, 0, 0};
   int timed = 0;
   for (int step = 0; step < steps; ++step) {
     const std::size_t l = static_cast<std::size_t>(step % kLayers);
-    const gpt2::AttentionWeights<float> w = layers[l].weights();
+    const gpt2::AttentionWeights<float>& w = packed[l];
     gpt2::KVCache<float>& cache = caches[l];
     MatrixRef<float> qkv = ws.qkv.topRows(1), merged = ws.merged.topRows(1);
     MatrixRef<float> y = out;
     const Clock::time_point t0 = Clock::now();
-    gpt2::detail::projection_parallel<float>(x, w.c_attn_weight(), w.c_attn_bias(), qkv, ws,
-                                             n_threads);
+    gpt2::detail::qkv_parallel<float>(w, x, qkv, ws, n_threads);
     const Clock::time_point t1 = Clock::now();
     cache.append(qkv.middleCols(kC, kC), qkv.middleCols(2 * kC, kC));
     const Clock::time_point t2 = Clock::now();
@@ -81,8 +82,7 @@ int main(int argc, char** argv) {
         [&](Index h) { return cached.values(h); }, ws, merged, nullptr, n_threads);
     const Clock::time_point t3 = Clock::now();
     const ConstMatrixRef<float> merged_read = merged;
-    gpt2::detail::projection_parallel<float>(merged_read, w.c_proj_weight(), w.c_proj_bias(), y,
-                                             ws, n_threads);
+    gpt2::detail::proj_parallel<float>(w, merged_read, y, ws, n_threads);
     const Clock::time_point t4 = Clock::now();
     cache.truncate(kPast);
     if (step < 2 * kLayers) continue;  // warm-up: two passes over the layers
