@@ -15,8 +15,9 @@ int main() {
   const Mat c_attn_w = Mat::Random(64, 192) * 0.2f, c_proj_w = Mat::Random(64, 64) * 0.2f;
   const gpt2::RowVector<float> c_attn_b = gpt2::RowVector<float>::Random(192) * 0.1f;
   const gpt2::RowVector<float> c_proj_b = gpt2::RowVector<float>::Random(64) * 0.1f;
-  const gpt2::AttentionWeights<float> w(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
-                                        gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+  const gpt2::AttentionWeights<float> views(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
+                                            gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(views);  // packed once (kernels/pack.hpp)
 
   // Three prompts of 6, 2 and 4 tokens, left-padded to T = 6 (as generation pads them):
   // x [B * T, C] is the row-major [B, T, C]; sequence b's real rows are b*T + start .. b*T + T - 1.

@@ -33,7 +33,10 @@ RowMatrix<float> position_input(const gpt2::safetensors::File& f, Index T) {
 }
 
 // Runs x [T, C] (its first `prompt` rows are the prompt) through a cache; prints; exit status.
-int decode(const gpt2::AttentionWeights<float>& w, const RowMatrix<float>& x, Index prompt) {
+int decode(const gpt2::AttentionWeights<float>& views, const RowMatrix<float>& x, Index prompt) {
+  // One copy of the two weight matrices into the kernels' panel layout, made once: the
+  // projections of every step then read it instead of packing the weights again.
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(views);
   const Index T = x.rows(), C = w.n_embd(), steps = T - prompt;
   // Everything up front: keys, values [n_head, T, head_dim]; scratch for chunks of <= prompt rows
   // attending to <= T positions; out [T, C] (row t: the output at position t); step times.

@@ -38,8 +38,9 @@ int main(int argc, char** argv) {
   const Mat c_attn_w = Mat::Random(768, 2304) * 0.05f, c_proj_w = Mat::Random(768, 768) * 0.05f;
   const gpt2::RowVector<float> c_attn_b = gpt2::RowVector<float>::Random(2304) * 0.05f;
   const gpt2::RowVector<float> c_proj_b = gpt2::RowVector<float>::Random(768) * 0.05f;
-  const gpt2::AttentionWeights<float> w(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
-                                        gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+  // pack_weights: one copy into the kernels' panel layout, made once for every forward below
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(gpt2::AttentionWeights<float>(
+      config, gpt2::view(c_attn_w), gpt2::view(c_attn_b), gpt2::view(c_proj_w), gpt2::view(c_proj_b)));
   const Mat x = Mat::Random(256, 768);
 
   // What this thread's forwards would use now: OMP_NUM_THREADS or OpenMP's default (1 without it).
