@@ -145,21 +145,22 @@ inline constexpr Index kRowBlock = 48;     // rows of A per block: A's [48, 128]
 inline constexpr Index kColBlock = 256;    // columns of B per packed block
 
 // C[R, cols] += A[R, depth] * B[depth, cols] for one micro-tile: cols <= 32 columns, given by the
-// lane masks m0 (columns 0-15) and m1 (16-31). a, b, c point at the tile's first element; lda,
-// ldb, ldc are row strides. Masked lanes are neither read nor written.
-template <int R>
-GPT2_KERNEL_AVX512 inline void micro_tile(const float* a, Index lda, const float* b, Index ldb,
-                                          float* c, Index ldc, Index depth, __mmask16 m0,
-                                          __mmask16 m1) {
+// lane masks m0 (columns 0-15) and m1 (16-31) (Full: all 32, unmasked loads and stores of C). a,
+// c point at the tile's first element, lda, ldc are row strides; b is a 32-column panel (64-byte
+// aligned rows 32 floats apart, zeros past the last column), read unmasked. Masked lanes of C are
+// neither read nor written.
+template <int R, bool Full>
+GPT2_KERNEL_AVX512 inline void micro_tile(const float* a, Index lda, const float* b, float* c,
+                                          Index ldc, Index depth, __mmask16 m0, __mmask16 m1) {
   __m512 acc0[R], acc1[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
-    acc0[r] = _mm512_maskz_loadu_ps(m0, c + r * ldc);
-    acc1[r] = _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);
+    acc0[r] = Full ? _mm512_loadu_ps(c + r * ldc) : _mm512_maskz_loadu_ps(m0, c + r * ldc);
+    acc1[r] = Full ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);
   }
   for (Index k = 0; k < depth; ++k) {
-    const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + k * ldb);
-    const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + k * ldb + 16);
+    const __m512 b0 = _mm512_load_ps(b + k * kTileCols);
+    const __m512 b1 = _mm512_load_ps(b + k * kTileCols + 16);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const __m512 ar = _mm512_set1_ps(a[r * lda + k]);
@@ -169,34 +170,40 @@ GPT2_KERNEL_AVX512 inline void micro_tile(const float* a, Index lda, const float
   }
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
-    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc1[r]);
+    if (Full) {
+      _mm512_storeu_ps(c + r * ldc, acc0[r]);
+      _mm512_storeu_ps(c + r * ldc + 16, acc1[r]);
+    } else {
+      _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
+      _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc1[r]);
+    }
   }
 }
 
 // micro_tile with a run-time row count 1 <= rows <= kTileRows.
+template <bool Full>
 GPT2_KERNEL_AVX512 inline void micro_tile_rows(int rows, const float* a, Index lda, const float* b,
-                                               Index ldb, float* c, Index ldc, Index depth,
-                                               __mmask16 m0, __mmask16 m1) {
+                                               float* c, Index ldc, Index depth, __mmask16 m0,
+                                               __mmask16 m1) {
   switch (rows) {
-    case 12: micro_tile<12>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 11: micro_tile<11>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 10: micro_tile<10>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 9: micro_tile<9>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 8: micro_tile<8>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 7: micro_tile<7>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 6: micro_tile<6>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 5: micro_tile<5>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 4: micro_tile<4>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 3: micro_tile<3>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    case 2: micro_tile<2>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
-    default: micro_tile<1>(a, lda, b, ldb, c, ldc, depth, m0, m1); break;
+    case 12: micro_tile<12, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 11: micro_tile<11, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 10: micro_tile<10, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 9: micro_tile<9, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 8: micro_tile<8, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 7: micro_tile<7, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 6: micro_tile<6, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 5: micro_tile<5, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 4: micro_tile<4, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 3: micro_tile<3, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 2: micro_tile<2, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
+    default: micro_tile<1, Full>(a, lda, b, c, ldc, depth, m0, m1); break;
   }
 }
 
 // One packed block of B (kColBlock columns or fewer, `depth` rows) swept by every row tile of A:
-// C[M, cols] += A[M, depth] * block. panel(j0) is the block's 32-column panel at column j0, its
-// rows `panel_ld` floats apart. A's [kRowBlock, depth] blocks stay in L1, the block in L2.
+// C[M, cols] += A[M, depth] * block. The block's 32-column panels are panel_stride floats apart,
+// each with rows 32 floats apart. A's [kRowBlock, depth] blocks stay in L1, the block in L2.
 GPT2_KERNEL_AVX512 inline void sweep_block(Index M, Index cols, Index depth, const float* A,
                                            Index lda, const float* block, Index panel_stride,
                                            float* C, Index ldc) {
@@ -204,11 +211,14 @@ GPT2_KERNEL_AVX512 inline void sweep_block(Index M, Index cols, Index depth, con
     const Index block_rows = std::min(kRowBlock, M - ib);
     for (Index j0 = 0; j0 < cols; j0 += kTileCols) {
       const __mmask16 m0 = lanes(j0, cols), m1 = lanes(j0 + 16, cols);
+      const bool full = j0 + kTileCols <= cols;
       const float* panel = block + (j0 / kTileCols) * panel_stride;
       for (Index i0 = ib; i0 < ib + block_rows; i0 += kTileRows) {
         const int rows = static_cast<int>(std::min<Index>(kTileRows, ib + block_rows - i0));
-        micro_tile_rows(rows, A + i0 * lda, lda, panel, kTileCols, C + i0 * ldc + j0, ldc, depth,
-                        m0, m1);
+        if (full)
+          micro_tile_rows<true>(rows, A + i0 * lda, lda, panel, C + i0 * ldc + j0, ldc, depth, m0, m1);
+        else
+          micro_tile_rows<false>(rows, A + i0 * lda, lda, panel, C + i0 * ldc + j0, ldc, depth, m0, m1);
       }
     }
   }
