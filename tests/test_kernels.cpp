@@ -116,17 +116,19 @@ std::uint32_t bits(float x) {
 struct Problem {
   Index M, N, K, lda, ldb, ldc;
   Buffer A, B, C, want;
-  std::vector<float> Bp;
+  Buffer Bp;  // B in the panel layout, 64-byte aligned as the interface requires
   Problem(Index m, Index n, Index k, std::uint32_t seed)
       : M(m), N(n), K(k), lda(k + 3), ldb(n + 5), ldc(n + 7),
         A(std::max<Index>(1, m * (k + 3))), B(std::max<Index>(1, k * (n + 5))),
-        C(std::max<Index>(1, m * (n + 7))), want(std::max<Index>(1, m * (n + 7))) {
+        C(std::max<Index>(1, m * (n + 7))), want(std::max<Index>(1, m * (n + 7))),
+        Bp(std::max<Index>(1, (n + 31) / 32 * 32 * k)) {
     std::mt19937 rng(seed);
     for (Index i = 0; i < M; ++i) fill_random(A.data() + i * lda, K, rng);
     for (Index k2 = 0; k2 < K; ++k2) fill_random(B.data() + k2 * ldb, N, rng);
     for (Index i = 0; i < M; ++i) fill_random(C.data() + i * ldc, N, rng);
     std::memcpy(want.data(), C.data(), sizeof(float) * static_cast<std::size_t>(std::max<Index>(1, M * ldc)));
-    Bp = emu::pack_panels_reference(K, N, B.data(), ldb);
+    const std::vector<float> packed = emu::pack_panels_reference(K, N, B.data(), ldb);
+    std::memcpy(Bp.data(), packed.data(), sizeof(float) * packed.size());
     emu::gemm(M, N, K, A.data(), lda, B.data(), ldb, want.data(), ldc);
   }
   void reset_c(const Problem& fresh) {
