@@ -545,7 +545,7 @@ TEST(SafetensorsMalformed, HugeHeaderLength) {
 // read, one byte more is refused before anything is read or allocated.
 TEST(SafetensorsMalformed, HeaderCapIs16MiB) {
   constexpr std::size_t cap = std::size_t{16} << 20;
-  static_assert(gpt2::safetensors::detail::max_header_bytes == cap, "the cap the README states");
+  static_assert(gpt2::safetensors::detail::max_header_bytes == cap, "the cap docs/hardening.md states");
   std::string header = "{}";
   header.resize(cap, ' ');
   std::vector<unsigned char> b(8);
