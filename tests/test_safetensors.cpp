@@ -363,6 +363,13 @@ TEST(SafetensorsParse, MissingTensorListsNamesAndTheClosest) {
   EXPECT_EQ(File::parse(long_buffer.data(), long_buffer.size()).tensor_hint({"x"}),
             "the file has 1 tensor: '" + std::string(80, 'q') + "...'; closest: '" +
                 std::string(80, 'q') + "...'");
+  // Names over 1024 characters are listed, not compared; nothing to compare: no closest.
+  const std::vector<unsigned char> one_huge =
+      make_file({{std::string(5000, 'h'), "F32", {1}, bytes_of(std::vector<float>{1})}});
+  AlignedBuffer huge_buffer(one_huge);
+  const File huge = File::parse(huge_buffer.data(), huge_buffer.size());
+  EXPECT_EQ(huge.tensor_hint({"x"}), "the file has 1 tensor: '" + std::string(80, 'h') + "...'");
+  EXPECT_EQ(huge.tensor_hint({}), "the file has 1 tensor: '" + std::string(80, 'h') + "...'");
 }
 
 TEST(SafetensorsParse, EditDistance) {

@@ -58,7 +58,8 @@ inline std::string quoted_name(const std::string& name) {
 // "the file has 7 tensors: 'a', 'b', 'c', 'd', 'e' and 2 more; closest: 'h.0.attn.c_attn.weight'"
 // for a file whose tensors (sorted) do not include any of `wanted`: the first five names, the
 // count, and the name nearest to one of `wanted` by edit distance (the first in sorted order on a
-// tie). "the file has no tensors" for an empty file.
+// tie; names over 1024 characters are listed but not compared, so a hostile header cannot make
+// the message costly). "the file has no tensors" for an empty file.
 template <class Tensors>
 std::string tensor_names_hint(const Tensors& tensors, const std::vector<std::string>& wanted) {
   if (tensors.empty()) return "the file has no tensors";
@@ -72,6 +73,7 @@ std::string tensor_names_hint(const Tensors& tensors, const std::vector<std::str
     const std::string& name = entry.first;
     if (i < listed) out += (i ? ", " : "") + quoted_name(name);
     ++i;
+    if (name.size() > 1024) continue;
     for (const std::string& w : wanted) {
       const std::size_t d = edit_distance(name, w, best);  // exact when at most best
       if (d < best) {
@@ -81,7 +83,7 @@ std::string tensor_names_hint(const Tensors& tensors, const std::vector<std::str
     }
   }
   if (tensors.size() > listed) out += " and " + std::to_string(tensors.size() - listed) + " more";
-  return out + "; closest: " + quoted_name(*closest);
+  return closest == nullptr ? out : out + "; closest: " + quoted_name(*closest);
 }
 
 }  // namespace detail
