@@ -15,6 +15,13 @@ Writes, under --out-dir (default bench/results):
                          traced back to it
 PyTorch or ONNX Runtime missing (no torch module, no node, no bench/ort/node_modules) gives "n/a"
 columns, not an error. ONNX models are exported by torch_bench.py into bench/ort/ when absent.
+
+The tables in the documentation come from table.md, never typed in by hand:
+    docs/speed.md   the whole table, between <!-- speed-table:begin --> and <!-- speed-table:end -->
+    README.md       a summary (SUMMARY_ROWS x SUMMARY_COLUMNS of it), between <!-- speed-summary:... -->
+--update-docs (with a run) rewrites both from the new table; --docs update rewrites them from the
+table.md already in --out-dir, without running anything; --docs check (ctest docs_speed_tables)
+fails unless both hold exactly what table.md says.
 """
 import argparse
 import datetime
@@ -44,6 +51,16 @@ OURS_DEFAULT = r"^(prefill|decode|decode_model|baseline_eigen|baseline_eigen_dec
 TARGETS = {"prefill/T:1024": 1.6, "prefill/T:64": 1.3, "decode/past:1023": 5.0}
 
 UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+
+# The README's short table: these rows (case, threads) and columns of table.md's table.
+SUMMARY_ROWS = [("prefill T=64", "2"), ("prefill T=1024", "1"), ("prefill T=1024", "2"),
+                ("decode past=1023", "1"), ("decode past=1023", "2")]
+SUMMARY_COLUMNS = ["case", "threads", "ours (ms)", "PyTorch (ms)", "ORT (ms)", "PyTorch / ours",
+                   "ORT / ours"]
+DOCS = {  # file: (begin marker, end marker, what goes between them)
+    "docs/speed.md": ("<!-- speed-table:begin -->", "<!-- speed-table:end -->", "table"),
+    "README.md": ("<!-- speed-summary:begin -->", "<!-- speed-summary:end -->", "summary"),
+}
 
 
 def log(msg):
@@ -254,6 +271,62 @@ def machine():
     return info
 
 
+def table_rows(text):
+    """The markdown table of a table.md text: its lines starting with '|'."""
+    return [line for line in text.splitlines() if line.startswith("|")]
+
+
+def cells(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def summary_rows(table):
+    """SUMMARY_ROWS x SUMMARY_COLUMNS of the table (its lines), as markdown lines."""
+    header = cells(table[0])
+    index = [header.index(c) for c in SUMMARY_COLUMNS]
+    rows = {tuple(cells(line)[:2]): cells(line) for line in table[2:]}
+    out = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
+    for key in SUMMARY_ROWS:
+        if key not in rows:
+            raise SystemExit(f"table.md has no row {key}: SUMMARY_ROWS names it")
+        out.append("| " + " | ".join(rows[key][i] for i in index) + " |")
+    return out
+
+
+def docs_blocks(table_text):
+    """{path: new text of the block between its markers}."""
+    table = table_rows(table_text)
+    content = {"table": table, "summary": summary_rows(table)}
+    return {path: "\n".join(content[kind]) + "\n" for path, (_, _, kind) in DOCS.items()}
+
+
+def docs(mode, table_text):
+    """mode "check": 0 when every block equals what table_text gives, else 1 (saying which);
+    mode "update": rewrites the blocks."""
+    stale = []
+    for path, block in docs_blocks(table_text).items():
+        begin, end, _ = DOCS[path]
+        full = os.path.join(ROOT, path)
+        text = open(full).read()
+        if begin not in text or end not in text:
+            raise SystemExit(f"{path}: no {begin} ... {end} markers")
+        a = text.index(begin) + len(begin) + 1
+        b = text.index(end)
+        if text[a:b] == block:
+            continue
+        if mode == "update":
+            with open(full, "w") as f:
+                f.write(text[:a] + block + text[b:])
+            log(f"{path}: speed table updated")
+        else:
+            stale.append(f"{path} holds:\n{text[a:b]}\nexpected (from table.md):\n{block}")
+    if stale:
+        log("stale speed tables (/usr/bin/python3 bench/compare.py --docs update rewrites them):\n"
+            + "\n".join(stale))
+        return 1
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bench", nargs="?", default=os.path.join(ROOT, "build/release/bench/gpt2_bench"),
@@ -268,7 +341,14 @@ def main():
     ap.add_argument("--export-onnx", action="store_true", help="re-export the ONNX models even if present")
     ap.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--plot", help="PNG path (default OUT_DIR/prefill_vs_T.png)")
+    ap.add_argument("--update-docs", action="store_true",
+                    help="after the run, rewrite the tables of docs/speed.md and README.md")
+    ap.add_argument("--docs", choices=["check", "update"],
+                    help="run nothing: check (or rewrite) the docs' tables against OUT_DIR/table.md")
     args = ap.parse_args()
+    if args.docs:
+        with open(os.path.join(args.out_dir, "table.md")) as f:
+            sys.exit(docs(args.docs, f.read()))
     if args.quick:
         args.rounds, args.min_time = 1, min(args.min_time, 0.05)
         args.filter = args.filter or QUICK
@@ -367,6 +447,8 @@ def main():
     if plot(png, ours, torch, ort):
         log(f"wrote {png}")
     log(f"wrote {os.path.join(args.out_dir, 'table.md')}, {os.path.join(args.out_dir, 'run.json')}")
+    if args.update_docs:
+        docs("update", text)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ set -euo pipefail
 # (Debian bookworm's clang is 14; its sanitizer and libFuzzer runtimes are in libclang-rt-14-dev,
 # which clang only recommends, and its OpenMP runtime in libomp-dev). ThreadSanitizer's runtime
 # comes with g++ (libtsan2).
+# pkgconf: pkg-config, for the test of the installed gpt2-attention.pc (package_pkg_config).
 packages=(libeigen3-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev cmake g++ ninja-build
-          python3-numpy libstb-dev clang libclang-rt-14-dev libomp-dev)
+          python3-numpy libstb-dev clang libclang-rt-14-dev libomp-dev pkgconf)
 
 missing=()
 for pkg in "${packages[@]}"; do

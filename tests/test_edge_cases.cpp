@@ -1,4 +1,4 @@
-// Numerical edge cases of the forwards (README: "Numerical edge cases"):
+// Numerical edge cases of the forwards (docs/hardening.md: "Numerical edge cases"):
 //   T = 0              an empty output, not an error: plain, one-call, cached and batched paths
 //   T = 8192           GPT-2 small shapes: works, memory reported (Workspace::bytes, KVCache::bytes),
 //                      sampled rows match a double reference

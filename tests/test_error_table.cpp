@@ -1,9 +1,9 @@
-// The error table of README.md ("Errors: every rejected input and its message"): each row is
+// The error table of docs/errors.md ("Errors: every rejected input and its message"): each row is
 // produced here by actually making the library or the CLI reject the input, and the test fails
-// unless README.md holds exactly the table this program builds, between the markers
+// unless docs/errors.md holds exactly the table this program builds, between the markers
 //   <!-- error-table:begin -->  and  <!-- error-table:end -->
-// so the table cannot go stale. After changing a message: GPT2_UPDATE_README=1 test_error_table
-// rewrites the block in README.md (then review the diff).
+// so the table cannot go stale. After changing a message: GPT2_UPDATE_ERROR_TABLE=1
+// test_error_table rewrites the block in docs/errors.md (then review the diff).
 //
 // Library rows give the exception type and what() (ShapeError, ConfigError, CapacityError and
 // FormatError all derive from gpt2::Error); CLI rows give the exit status and the line on stderr.
@@ -34,8 +34,8 @@
 #ifndef GPT2_CLI_PATH
 #error "GPT2_CLI_PATH must name the gpt2-attention executable"
 #endif
-#ifndef GPT2_README_PATH
-#error "GPT2_README_PATH must name README.md"
+#ifndef GPT2_ERRORS_DOC_PATH
+#error "GPT2_ERRORS_DOC_PATH must name docs/errors.md"
 #endif
 
 namespace {
@@ -610,26 +610,27 @@ void cli_rows(Table& t) {
   t.cli("demo: a layer the embedded model lacks", {"demo", "--layer", "1"}, d);
 }
 
-TEST(ErrorTable, ReadmeListsEveryRejectedInputWithItsMessage) {
+TEST(ErrorTable, ErrorsPageListsEveryRejectedInputWithItsMessage) {
   Table t;
   library_rows(t);
   cli_rows(t);
   const std::string table = t.markdown();
   const std::string begin = "<!-- error-table:begin -->\n", end = "<!-- error-table:end -->";
-  std::string readme = gpt2::test::read_text(GPT2_README_PATH);
-  const std::size_t b = readme.find(begin), e = readme.find(end);
-  ASSERT_NE(b, std::string::npos) << "README.md has no '" << begin << "' marker";
-  ASSERT_NE(e, std::string::npos) << "README.md has no '" << end << "' marker";
-  const std::string current = readme.substr(b + begin.size(), e - b - begin.size());
+  std::string page = gpt2::test::read_text(GPT2_ERRORS_DOC_PATH);
+  const std::size_t b = page.find(begin), e = page.find(end);
+  ASSERT_NE(b, std::string::npos) << GPT2_ERRORS_DOC_PATH << " has no '" << begin << "' marker";
+  ASSERT_NE(e, std::string::npos) << GPT2_ERRORS_DOC_PATH << " has no '" << end << "' marker";
+  const std::string current = page.substr(b + begin.size(), e - b - begin.size());
   if (current == table) return;
-  const char* update = std::getenv("GPT2_UPDATE_README");
+  const char* update = std::getenv("GPT2_UPDATE_ERROR_TABLE");
   if (update != nullptr && std::string(update) == "1") {
-    readme.replace(b + begin.size(), e - b - begin.size(), table);
-    std::ofstream(GPT2_README_PATH, std::ios::binary | std::ios::trunc) << readme;
-    std::printf("README.md: error table updated (%zu bytes)\n", table.size());
+    page.replace(b + begin.size(), e - b - begin.size(), table);
+    std::ofstream(GPT2_ERRORS_DOC_PATH, std::ios::binary | std::ios::trunc) << page;
+    std::printf("%s: error table updated (%zu bytes)\n", GPT2_ERRORS_DOC_PATH, table.size());
     return;
   }
-  ADD_FAILURE() << "README.md's error table is out of date; rerun with GPT2_UPDATE_README=1 to "
+  ADD_FAILURE() << GPT2_ERRORS_DOC_PATH
+                << "'s error table is out of date; rerun with GPT2_UPDATE_ERROR_TABLE=1 to "
                    "rewrite it. The table today:\n"
                 << table;
 }

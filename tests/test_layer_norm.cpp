@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <vector>
 
 #include "gpt2/layer_norm.hpp"
 #include "support/compare.hpp"
@@ -39,6 +40,53 @@ TYPED_TEST(LayerNormTest, MatchesDefinition) {
   EXPECT_TRUE(y.allFinite());
 }
 
+// The weight and bias bind any Eigen vector of T, as the other inputs of the API bind Eigen
+// matrices: the results are bit for bit those of the ConstVectorMap views.
+TYPED_TEST(LayerNormTest, WeightAndBiasTakeAnyEigenVector) {
+  using T = TypeParam;
+  using ColVector = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  std::srand(5);
+  const Index T_ = 3, C = 40;
+  const RowMatrix<T> x = RowMatrix<T>::Random(T_, C);
+  const RowVector<T> w = RowVector<T>::Random(C), b = RowVector<T>::Random(C);
+  RowMatrix<T> expected(T_, C);
+  gpt2::layer_norm<T>(x, gpt2::view(w), gpt2::view(b), T(1e-5), expected);
+
+  RowMatrix<T> y(T_, C);
+  gpt2::layer_norm(x, w, b, T(1e-5), y);  // RowVector, T deduced from eps
+  EXPECT_EQ(y, expected);
+
+  const ColVector w_col = w.transpose(), b_col = b.transpose();  // column vectors
+  y.setZero();
+  gpt2::layer_norm<T>(x, w_col, b_col, T(1e-5), y);
+  EXPECT_EQ(y, expected);
+
+  // Rows and columns of other matrices (a column of a row-major matrix is strided).
+  RowMatrix<T> table(3, C);
+  table.row(1) = w;
+  table.row(2) = b;
+  const RowMatrix<T> table_t = table.transpose();
+  y.setZero();
+  gpt2::layer_norm<T>(x, table.row(1), table_t.col(2), T(1e-5), y);
+  EXPECT_EQ(y, expected);
+
+  // Expressions: a cheap coefficient-wise one and a product (evaluated once).
+  const RowVector<T> half_w = w / T(2);
+  y.setZero();
+  gpt2::layer_norm<T>(x, half_w * T(2), b + RowVector<T>::Zero(C), T(1e-5), y);
+  EXPECT_EQ(y, expected);
+  const RowMatrix<T> identity = RowMatrix<T>::Identity(C, C);
+  y.setZero();
+  gpt2::layer_norm<T>(x, w * identity, b, T(1e-5), y);
+  EXPECT_TRUE(gpt2::test::near(y, expected, gpt2::test::Tolerance<T>::rel, gpt2::test::Tolerance<T>::abs));
+
+  // A Map over a plain buffer.
+  const std::vector<T> w_buf(w.data(), w.data() + C);
+  y.setZero();
+  gpt2::layer_norm<T>(x, Eigen::Map<const ColVector>(w_buf.data(), C), b, T(1e-5), y);
+  EXPECT_EQ(y, expected);
+}
+
 TEST(LayerNormErrors, ShapesAreNamed) {
   const RowMatrix<float> x = RowMatrix<float>::Zero(2, 8);
   const RowVector<float> w = RowVector<float>::Zero(7), b = RowVector<float>::Zero(8);
@@ -46,6 +94,11 @@ TEST(LayerNormErrors, ShapesAreNamed) {
   EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>(
                 [&] { gpt2::layer_norm<float>(x, gpt2::view(w), gpt2::view(b), 1e-5f, y); }),
             "ln.weight: expected shape [8], got [7]");
+  // A matrix that is not a vector is named with its two dimensions.
+  const RowMatrix<float> two_rows = RowMatrix<float>::Zero(2, 8);
+  EXPECT_EQ(gpt2::test::error_of<gpt2::ShapeError>(
+                [&] { gpt2::layer_norm<float>(x, gpt2::view(b), two_rows, 1e-5f, y); }),
+            "ln.bias: expected shape [8], got [2, 8]");
 }
 
 }  // namespace

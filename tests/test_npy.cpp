@@ -166,6 +166,50 @@ TYPED_TEST(NpyRoundTrip, RowMatrix) {
   EXPECT_EQ(a.template to_matrix<T>(), m);
 }
 
+// A matrix written with a shape of any rank: the batch layout x [B * T, C] as [B, T, C].
+TYPED_TEST(NpyRoundTrip, MatrixWithAShape) {
+  using T = TypeParam;
+  gpt2::test::TempDir dir;
+  gpt2::RowMatrix<T> x(2 * 3, 4);  // B = 2, T = 3, C = 4
+  for (Eigen::Index r = 0; r < x.rows(); ++r)
+    for (Eigen::Index c = 0; c < x.cols(); ++c) x(r, c) = T(r * 10 + c) / T(4);
+  npy::write(dir.file("x.npy"), x, {2, 3, 4});
+  const npy::Array a = npy::read(dir.file("x.npy"));
+  EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2, 3, 4}));
+  EXPECT_EQ(a.template to_vector<T>(), std::vector<T>(x.data(), x.data() + x.size()));
+  // The same bytes as writing the buffer with that shape.
+  npy::write(dir.file("p.npy"), x.data(), {2, 3, 4});
+  EXPECT_EQ(gpt2::test::read_file(dir.file("x.npy")), gpt2::test::read_file(dir.file("p.npy")));
+
+  // A strided block and an expression are evaluated first; a scalar type is converted on request.
+  const gpt2::RowMatrix<T> wide = gpt2::RowMatrix<T>::Random(6, 9);
+  npy::write(dir.file("block.npy"), wide.middleCols(2, 4), {3, 2, 4});
+  const gpt2::RowMatrix<T> block = wide.middleCols(2, 4);
+  EXPECT_EQ(npy::read(dir.file("block.npy")).to_vector<T>(),
+            std::vector<T>(block.data(), block.data() + block.size()));
+  npy::write(dir.file("twice.npy"), x * T(2), {6, 4, 1});
+  EXPECT_EQ(npy::read(dir.file("twice.npy")).shape, (std::vector<std::int64_t>{6, 4, 1}));
+  EXPECT_EQ(npy::read(dir.file("twice.npy")).to_vector<T>()[5], x(1, 1) * T(2));
+  npy::write<double>(dir.file("f8.npy"), x, {24});
+  EXPECT_EQ(npy::read(dir.file("f8.npy")).dtype, npy::Dtype::F64);
+  EXPECT_EQ(npy::read(dir.file("f8.npy")).to_vector<double>()[23], double(x(5, 3)));
+}
+
+TEST(NpyWriteErrors, MatrixAndShapeMustAgree) {
+  gpt2::test::TempDir dir;
+  const std::string path = dir.file("y.npy");
+  const gpt2::RowMatrix<float> m = gpt2::RowMatrix<float>::Zero(5, 4);
+  EXPECT_EQ(error_of<ShapeError>([&] { npy::write(path, m, {2, 3, 4}); }),
+            "npy::write(" + path + "): shape [2, 3, 4] holds 24 values, the matrix [5, 4] has 20");
+  EXPECT_EQ(error_of<ShapeError>([&] { npy::write(path, m, {}); }),
+            "npy::write(" + path + "): expected 1 to 8 dimensions, got 0 (shape [])");
+  EXPECT_TRUE(Contains(error_of<ShapeError>([&] { npy::write(path, m, {-4, -5}); }),
+                       "negative dimension"));
+  EXPECT_EQ(dir.list(), std::vector<std::string>{});  // nothing written
+  npy::write(path, gpt2::RowMatrix<float>(0, 4), {2, 0, 4});  // empty is fine
+  EXPECT_EQ(npy::read(path).shape, (std::vector<std::int64_t>{2, 0, 4}));
+}
+
 TEST(NpyRoundTrip, SpecialValues) {
   gpt2::test::TempDir dir;
   const std::vector<float> v = {std::numeric_limits<float>::infinity(), -0.0f, 1e-45f,
@@ -288,6 +332,16 @@ TEST(NpyNumpyInterop, NumpyLoadsOurFilesAndWeLoadNumpys) {
   }
   const gpt2::RowMatrix<double> m = v1.to_matrix<double>();
   EXPECT_EQ(m(2, 3), 11.0 / 8 - 0.5);
+
+  // 3-D from a matrix [B * T, C] and the shape {B, T, C}.
+  gpt2::RowMatrix<float> x(2 * 3, 4);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = f[std::size_t(i)];
+  npy::write(dir.file("batch.npy"), x, {2, 3, 4});
+  EXPECT_EQ(run("/usr/bin/python3 -c \"import numpy as np, sys; a = np.load(sys.argv[1]); "
+                "assert a.dtype == np.float32 and a.shape == (2, 3, 4), (a.dtype, a.shape); "
+                "assert (a[1, 2] == np.arange(20, 24, dtype=np.float32) * 0.25 - 1).all()\" " +
+                dir.file("batch.npy")),
+            0);
 
   // 4-D, both ways: [B, n_head, T, T].
   npy::write(dir.file("ours4.npy"), f.data(), {1, 2, 3, 4});

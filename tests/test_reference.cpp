@@ -3,7 +3,7 @@
 // case, in float and double. Accuracy bar:
 //   float:  max|ours - ref| / max|ref| <= 8 x PyTorch float32's own error on the same case
 //   double: max|ours - ref| / max|ref| <= 1e-12
-// At the end it prints the accuracy table that README.md shows (lines starting with '|').
+// At the end it prints the accuracy table that docs/accuracy.md shows (lines starting with '|').
 #include <gtest/gtest.h>
 
 #include <cstdio>

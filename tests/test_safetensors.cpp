@@ -324,10 +324,67 @@ TEST(SafetensorsParse, MissingTensorNamesFileAndTensor) {
   AlignedBuffer buffer(bytes);
   const File file = File::parse(buffer.data(), buffer.size(), "x.safetensors");
   const std::string message = error_of<FormatError>([&] { file.tensor("nope"); });
-  EXPECT_TRUE(Contains(message, "x.safetensors"));
-  EXPECT_TRUE(Contains(message, "'nope'"));
+  EXPECT_EQ(message,
+            "x.safetensors: no tensor named 'nope' (the file has 1 tensor: 'w'; closest: 'w')");
   EXPECT_THROW(file.matrix<float>("nope"), FormatError);
   EXPECT_THROW(file.to_vector<float>("nope"), FormatError);
+}
+
+// The message lists the first five names (sorted), the count and the closest name by edit
+// distance, wherever it is in the file.
+TEST(SafetensorsParse, MissingTensorListsNamesAndTheClosest) {
+  std::vector<Tensor> tensors;
+  for (const char* name : {"a.0", "a.1", "a.2", "a.3", "a.4", "a.5", "h.0.attn.c_attn.weight",
+                           "h.0.attn.c_proj.weight", "wpe.weight"})
+    tensors.push_back({name, "F32", {1}, bytes_of(std::vector<float>{1})});
+  const std::vector<unsigned char> bytes = make_file(tensors);
+  AlignedBuffer buffer(bytes);
+  const File file = File::parse(buffer.data(), buffer.size(), "x.safetensors");
+  EXPECT_EQ(error_of<FormatError>([&] { file.tensor("h.0.attn.c_atn.weight"); }),
+            "x.safetensors: no tensor named 'h.0.attn.c_atn.weight' (the file has 9 tensors: "
+            "'a.0', 'a.1', 'a.2', 'a.3', 'a.4' and 4 more; closest: 'h.0.attn.c_attn.weight')");
+  EXPECT_EQ(file.tensor_hint({"wpe.weights"}),
+            "the file has 9 tensors: 'a.0', 'a.1', 'a.2', 'a.3', 'a.4' and 4 more; closest: "
+            "'wpe.weight'");
+  // Several names looked for: the closest to any of them.
+  EXPECT_EQ(file.tensor_hint({"zzzzzzzzzzzzzz", "h.0.attn.c_proj.weigh"}),
+            "the file has 9 tensors: 'a.0', 'a.1', 'a.2', 'a.3', 'a.4' and 4 more; closest: "
+            "'h.0.attn.c_proj.weight'");
+
+  // A file without tensors, and names cut at 80 characters.
+  const std::vector<unsigned char> empty = make_file({});
+  AlignedBuffer empty_buffer(empty);
+  EXPECT_EQ(File::parse(empty_buffer.data(), empty_buffer.size()).tensor_hint({"x"}),
+            "the file has no tensors");
+  const std::string long_name(200, 'q');
+  const std::vector<unsigned char> one_long =
+      make_file({{long_name, "F32", {1}, bytes_of(std::vector<float>{1})}});
+  AlignedBuffer long_buffer(one_long);
+  EXPECT_EQ(File::parse(long_buffer.data(), long_buffer.size()).tensor_hint({"x"}),
+            "the file has 1 tensor: '" + std::string(80, 'q') + "...'; closest: '" +
+                std::string(80, 'q') + "...'");
+  // Names over 1024 characters are listed, not compared; nothing to compare: no closest.
+  const std::vector<unsigned char> one_huge =
+      make_file({{std::string(5000, 'h'), "F32", {1}, bytes_of(std::vector<float>{1})}});
+  AlignedBuffer huge_buffer(one_huge);
+  const File huge = File::parse(huge_buffer.data(), huge_buffer.size());
+  EXPECT_EQ(huge.tensor_hint({"x"}), "the file has 1 tensor: '" + std::string(80, 'h') + "...'");
+  EXPECT_EQ(huge.tensor_hint({}), "the file has 1 tensor: '" + std::string(80, 'h') + "...'");
+}
+
+TEST(SafetensorsParse, EditDistance) {
+  using gpt2::safetensors::detail::edit_distance;
+  constexpr std::size_t any = static_cast<std::size_t>(-1);
+  EXPECT_EQ(edit_distance("", "", any), 0u);
+  EXPECT_EQ(edit_distance("abc", "", any), 3u);
+  EXPECT_EQ(edit_distance("", "abc", any), 3u);
+  EXPECT_EQ(edit_distance("kitten", "sitting", any), 3u);
+  EXPECT_EQ(edit_distance("c_attn", "c_atn", any), 1u);
+  EXPECT_EQ(edit_distance("flaw", "lawn", any), 2u);
+  // Past the bound the answer is only "more than the bound".
+  EXPECT_GT(edit_distance("kitten", "sitting", 2), 2u);
+  EXPECT_EQ(edit_distance("kitten", "sitting", 3), 3u);
+  EXPECT_GT(edit_distance("a", "abcdef", 4), 4u);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -495,7 +552,7 @@ TEST(SafetensorsMalformed, HugeHeaderLength) {
 // read, one byte more is refused before anything is read or allocated.
 TEST(SafetensorsMalformed, HeaderCapIs16MiB) {
   constexpr std::size_t cap = std::size_t{16} << 20;
-  static_assert(gpt2::safetensors::detail::max_header_bytes == cap, "the cap the README states");
+  static_assert(gpt2::safetensors::detail::max_header_bytes == cap, "the cap docs/hardening.md states");
   std::string header = "{}";
   header.resize(cap, ' ');
   std::vector<unsigned char> b(8);
@@ -863,13 +920,17 @@ TEST(LoadAttention, MissingTensorsListTheNamesLookedFor) {
   EXPECT_TRUE(Contains(message, "layer.safetensors"));
   EXPECT_TRUE(Contains(message, "'h.0.attn.c_attn.weight'"));
   EXPECT_TRUE(Contains(message, "'transformer.h.0.attn.c_attn.weight'"));
+  // The names the file has, and the closest to those looked for.
+  EXPECT_TRUE(Contains(message, "the file has 4 tensors: 'h.1.attn.c_attn.bias'"));
+  EXPECT_TRUE(Contains(message, "closest: 'h.1.attn.c_attn.weight'"));
 
   std::vector<Tensor> three = attention_tensors("h.0.attn.", "F32");
   three.pop_back();
   MemoryFile partial(three);
   message =
       error_of<FormatError>([&] { gpt2::safetensors::load_attention<float>(partial.file, 0, 2); });
-  EXPECT_TRUE(Contains(message, "missing tensor 'h.0.attn.c_proj.bias'"));
+  EXPECT_TRUE(Contains(message, "missing tensor 'h.0.attn.c_proj.bias' (the file has 3 tensors"));
+  EXPECT_TRUE(Contains(message, "closest: 'h.0.attn.c_attn.bias'"));
 
   std::vector<Tensor> both = attention_tensors("h.0.attn.", "F32");
   for (const Tensor& t : attention_tensors("transformer.h.0.attn.", "F32")) both.push_back(t);

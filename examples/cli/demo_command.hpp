@@ -85,7 +85,7 @@ inline std::string find_tensor(const safetensors::File& file, const std::string&
   if (file.contains(name)) return name;
   if (file.contains("transformer." + name)) return "transformer." + name;
   throw FormatError(file.label() + ": missing tensor '" + name + "' (also looked for 'transformer." +
-                    name + "')");
+                    name + "'; " + file.tensor_hint({name, "transformer." + name}) + ")");
 }
 
 // x = ln_1(wpe[:T]) [T, C]: the position-only input of layer `layer`.

@@ -6,7 +6,7 @@
 //   causal mask, as Hugging Face applies it with past_key_values).
 //
 // Splitting a sequence into chunks in any way gives the result of one forward over the whole
-// sequence, up to rounding (see README: "KV cache").
+// sequence, up to rounding (see docs/accuracy.md: "KV cache chunks").
 #pragma once
 
 #include <string>

@@ -3,25 +3,47 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "gpt2/error.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
 
+namespace detail {
+
+// A weight or bias vector of layer_norm: n entries, read by index. Any Eigen vector or vector
+// expression of scalar T (a RowVector, a ConstVectorMap, an Eigen::VectorX, a row or column of a
+// matrix, `2 * w`); a matrix with more than one row and column is a ShapeError naming it.
+template <class T, class D>
+void check_ln_vector(const char* what, Index C, const Eigen::MatrixBase<D>& v) {
+  static_assert(std::is_same<typename D::Scalar, T>::value,
+                "gpt2::layer_norm: weight and bias must have the input's scalar type");
+  if (v.rows() != 1 && v.cols() != 1)
+    check_shape(what, {C}, {v.rows(), v.cols()});
+  check_shape(what, {C}, {v.size()});
+}
+
+}  // namespace detail
+
 // out[t, :] = (in[t, :] - mean) / sqrt(var + eps) * weight + bias, with the biased variance.
-//   in [T, C] (read; a row-major matrix or view), weight [C], bias [C],
+//   in [T, C] (read; a row-major matrix or view), weight [C], bias [C] (read; any Eigen vector or
+//   vector expression of T: RowVector, VectorX, ConstVectorMap, a matrix row, `2 * w`),
 //   out [T, C] (written; may be the same storage as in: each row is read before it is written)
 // PyTorch: F.layer_norm(in, (C,), weight, bias, eps)
 // Mean and variance are accumulated in double (two passes) for any T.
-template <class T, class D>
-void layer_norm(const Eigen::MatrixBase<D>& in_, const ConstVectorMap<T>& weight,
-                const ConstVectorMap<T>& bias, T eps, MatrixRef<T> out) {
+template <class T, class D, class DW, class DB>
+void layer_norm(const Eigen::MatrixBase<D>& in_, const Eigen::MatrixBase<DW>& weight_,
+                const Eigen::MatrixBase<DB>& bias_, T eps, MatrixRef<T> out) {
   const ConstMatrixRef<T> in = detail::as_view<T>(in_);
   const Index T_ = in.rows(), C = in.cols();
-  detail::check_shape("ln.weight", {C}, {weight.size()});
-  detail::check_shape("ln.bias", {C}, {bias.size()});
+  detail::check_ln_vector<T>("ln.weight", C, weight_);
+  detail::check_ln_vector<T>("ln.bias", C, bias_);
   detail::check_shape("out", {T_, C}, {out.rows(), out.cols()});
+  // A vector in memory is read in place; a costly expression (a product) is evaluated once here,
+  // into a temporary (the only case that allocates), a cheap one (`2 * w`) read coefficient-wise.
+  const typename Eigen::internal::nested_eval<DW, 2>::type weight = weight_.derived();
+  const typename Eigen::internal::nested_eval<DB, 2>::type bias = bias_.derived();
   if (C == 0) return;
   for (Index t = 0; t < T_; ++t) {
     double mean = 0;

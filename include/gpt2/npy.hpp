@@ -1,5 +1,6 @@
 // gpt2::npy: read and write NumPy .npy files holding activations: float32 or float64,
-// little-endian, C order, 1 to 8 dimensions (npy::max_dims; e.g. x[T, C], a per-head
+// little-endian, C order, 1 to 8 dimensions (npy::max_dims; e.g. x[T, C], a batch x[B, T, C]
+// written from its [B * T, C] matrix with write(path, x, {B, T, C}), a per-head
 // att[n_head, T, T] or a batch's probabilities [B, n_head, T, T]). numpy allows more (32, and 64
 // since numpy 2.0); the bound keeps what a hostile header can ask for small, and the writer keeps
 // to it as well, so every file written here can be read here.
@@ -141,19 +142,40 @@ class StagedFile {
   }
 
   // Stages the matrix m [rows, cols] as a 2-D array of T (default: m's scalar type; float or
-  // double). m must be row-major (or a vector): a Matrix, Map, Ref, Block or expression. Its data
-  // are written in place when they are contiguous (stride 1, rows back to back) and of type T;
-  // anything else (a Ref or Block with a row stride, an expression, another scalar type) is first
-  // evaluated explicitly into a RowMatrix<T>. Throws as stage(path, data, shape).
+  // double): stage<T>(path, m, {rows, cols}).
   template <class T = void, class Derived>
   static StagedFile stage(const std::string& path, const Eigen::MatrixBase<Derived>& m) {
+    return stage<T>(path, m, {static_cast<std::int64_t>(m.rows()),
+                              static_cast<std::int64_t>(m.cols())});
+  }
+
+  // Stages the values of the matrix m, in C (row) order, as an array of `shape` (1 to 8
+  // dimensions) of T (default: m's scalar type). numel(shape) must equal m.size(): a padded batch
+  // x [B * T, C] written as shape {B, T, C}, probabilities [n_head * T, T] as {n_head, T, T},
+  // [B * n_head * T, T] as {B, n_head, T, T}. m must be row-major (or a vector): a Matrix, Map,
+  // Ref, Block or expression. Its data are written in place when they are contiguous (stride 1,
+  // rows back to back) and of type T; anything else (a Ref or Block with a row stride, an
+  // expression, another scalar type) is first evaluated explicitly into a RowMatrix<T>. Throws
+  // ShapeError "npy::write(<path>): shape [2, 3, 4] holds 24 values, the matrix [5, 4] has 20"
+  // when the sizes differ, otherwise as stage(path, data, shape).
+  template <class T = void, class Derived>
+  static StagedFile stage(const std::string& path, const Eigen::MatrixBase<Derived>& m,
+                          const std::vector<std::int64_t>& shape) {
     using Scalar = std::conditional_t<std::is_void<T>::value, typename Derived::Scalar, T>;
     static_assert(Derived::IsRowMajor || Derived::RowsAtCompileTime == 1 ||
                       Derived::ColsAtCompileTime == 1,
                   "gpt2::npy: the matrix must be row-major (C order); convert a column-major one "
                   "explicitly, e.g. gpt2::RowMatrix<T>(m)");
-    const std::vector<std::int64_t> shape = {static_cast<std::int64_t>(m.rows()),
-                                             static_cast<std::int64_t>(m.cols())};
+    std::size_t n_bytes = 0;
+    const std::string shape_problem = detail::data_bytes(shape, dtype_of<Scalar>(), n_bytes);
+    if (!shape_problem.empty()) throw ShapeError("npy::write(" + path + "): " + shape_problem);
+    const std::size_t numel = n_bytes / sizeof(Scalar);
+    if (numel != static_cast<std::size_t>(m.size()))
+      throw ShapeError("npy::write(" + path + "): shape " + gpt2::detail::shape_string(shape) +
+                       " holds " + std::to_string(numel) + " values, the matrix " +
+                       gpt2::detail::shape_string({static_cast<std::int64_t>(m.rows()),
+                                                   static_cast<std::int64_t>(m.cols())}) +
+                       " has " + std::to_string(m.size()));
     if constexpr (std::is_same<Scalar, typename Derived::Scalar>::value &&
                   (static_cast<unsigned>(Derived::Flags) & Eigen::DirectAccessBit) != 0) {
       if (detail::is_contiguous(m)) return stage<Scalar>(path, m.derived().data(), shape);
@@ -232,6 +254,16 @@ void write(const std::string& path, const T* data, const std::vector<std::int64_
 template <class T = void, class Derived>
 void write(const std::string& path, const Eigen::MatrixBase<Derived>& m) {
   StagedFile::stage<T>(path, m).commit();
+}
+
+// Writes the values of the row-major matrix m as an array of `shape` (numel(shape) == m.size()),
+// e.g. a padded batch's output y [B * T, C] as [B, T, C]:
+//   npy::write("y.npy", y, {B, T, C});
+// StagedFile::stage<T>(path, m, shape).commit(). Throws ShapeError when the sizes differ.
+template <class T = void, class Derived>
+void write(const std::string& path, const Eigen::MatrixBase<Derived>& m,
+           const std::vector<std::int64_t>& shape) {
+  StagedFile::stage<T>(path, m, shape).commit();
 }
 
 }  // namespace gpt2::npy

@@ -63,7 +63,8 @@ class LoadedAttention;
 // converted explicitly into a buffer owned by the returned LoadedAttention, and zero_copy() is then
 // false. `file` must outlive the result either way.
 //
-// Throws FormatError for a missing tensor (listing the names looked for) or a non-floating dtype,
+// Throws FormatError for a missing tensor (listing the names looked for, the file's first names,
+// its tensor count and the closest name: File::tensor_hint) or a non-floating dtype,
 // ShapeError for a wrong rank or shape (naming the tensor, expected and actual; a c_attn.weight
 // stored [3C, C], as nn.Linear does, gets a hint that GPT-2's Conv1D stores [in, out]),
 // ConfigError for a bad n_head.
@@ -117,7 +118,9 @@ inline std::string attention_prefix(const File& file, int layer) {
   if (!has_plain && !has_prefixed)
     throw file_error(file.label(),
                      "layer " + std::to_string(layer) + " attention: missing tensor '" + plain +
-                         "c_attn.weight' (also looked for '" + prefixed + "c_attn.weight')");
+                         "c_attn.weight' (also looked for '" + prefixed + "c_attn.weight'; " +
+                         file.tensor_hint({plain + "c_attn.weight", prefixed + "c_attn.weight"}) +
+                         ")");
   return has_plain ? plain : prefixed;
 }
 
@@ -125,7 +128,8 @@ inline std::string attention_prefix(const File& file, int layer) {
 inline const TensorInfo& attention_tensor(const File& file, const std::string& name,
                                           std::size_t rank) {
   if (!file.contains(name))
-    throw file_error(file.label(), "attention: missing tensor '" + name + "'");
+    throw file_error(file.label(), "attention: missing tensor '" + name + "' (" +
+                                       file.tensor_hint({name}) + ")");
   const TensorInfo& info = file.tensor(name);
   if (info.shape.size() != rank)
     throw ShapeError(file.label() + ": tensor '" + name + "': expected rank " +

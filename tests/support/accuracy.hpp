@@ -5,7 +5,7 @@
 //   double: max|ours - ref| / max|ref| <= 1e-12
 // Every check is recorded; at exit the program prints, per case, the output's float32 error (ours
 // and PyTorch's), the worst float32 ratio over all quantities and the worst float64 error: the
-// tables README.md shows (lines starting with '|').
+// tables docs/accuracy.md shows (lines starting with '|').
 #pragma once
 
 #include <gtest/gtest.h>

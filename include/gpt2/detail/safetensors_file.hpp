@@ -5,6 +5,7 @@
 // Requires POSIX mmap and nlohmann-json.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +24,69 @@
 #include "gpt2/types.hpp"
 
 namespace gpt2::safetensors {
+
+namespace detail {
+
+// Levenshtein distance between a and b (insertions, deletions, substitutions), or a value above
+// `bound` once it is certain to exceed it (the caller keeps the best so far: most names are
+// abandoned after a row or two). Two rows of b.size() + 1 counts.
+inline std::size_t edit_distance(const std::string& a, const std::string& b, std::size_t bound) {
+  const std::size_t gap = a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+  if (gap > bound) return bound + 1;
+  std::vector<std::size_t> prev(b.size() + 1), row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    row[0] = i;
+    std::size_t row_min = row[0];
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t substitute = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      row[j] = std::min({prev[j] + 1, row[j - 1] + 1, substitute});
+      row_min = std::min(row_min, row[j]);
+    }
+    if (row_min > bound) return bound + 1;
+    std::swap(prev, row);
+  }
+  return prev[b.size()];
+}
+
+// A name as quoted in a message: cut at 80 characters ("...").
+inline std::string quoted_name(const std::string& name) {
+  constexpr std::size_t max_chars = 80;
+  return "'" + (name.size() > max_chars ? name.substr(0, max_chars) + "..." : name) + "'";
+}
+
+// "the file has 7 tensors: 'a', 'b', 'c', 'd', 'e' and 2 more; closest: 'h.0.attn.c_attn.weight'"
+// for a file whose tensors (sorted) do not include any of `wanted`: the first five names, the
+// count, and the name nearest to one of `wanted` by edit distance (the first in sorted order on a
+// tie; names over 1024 characters are listed but not compared, so a hostile header cannot make
+// the message costly). "the file has no tensors" for an empty file.
+template <class Tensors>
+std::string tensor_names_hint(const Tensors& tensors, const std::vector<std::string>& wanted) {
+  if (tensors.empty()) return "the file has no tensors";
+  constexpr std::size_t listed = 5;
+  std::string out = "the file has " + std::to_string(tensors.size()) +
+                    (tensors.size() == 1 ? " tensor: " : " tensors: ");
+  std::size_t i = 0;
+  const std::string* closest = nullptr;
+  std::size_t best = static_cast<std::size_t>(-1);
+  for (const auto& entry : tensors) {
+    const std::string& name = entry.first;
+    if (i < listed) out += (i ? ", " : "") + quoted_name(name);
+    ++i;
+    if (name.size() > 1024) continue;
+    for (const std::string& w : wanted) {
+      const std::size_t d = edit_distance(name, w, best);  // exact when at most best
+      if (d < best) {
+        best = d;
+        closest = &name;
+      }
+    }
+  }
+  if (tensors.size() > listed) out += " and " + std::to_string(tensors.size() - listed) + " more";
+  return closest == nullptr ? out : out + "; closest: " + quoted_name(*closest);
+}
+
+}  // namespace detail
 
 // A validated safetensors file. Move-only; when opened from a path it owns a read-only mapping that
 // its destructor unmaps. Every pointer and view it hands out (TensorInfo::data, matrix, vector)
@@ -79,13 +143,23 @@ class File {
   // True when the file has a tensor called `name`.
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
 
-  // The tensor called `name`; throws FormatError naming the file and the missing tensor.
+  // The tensor called `name`; throws FormatError naming the file and the missing tensor, with
+  // tensor_hint({name}): "x.safetensors: no tensor named 'h.0.attn.c_atn.weight' (the file has 7
+  // tensors: 'h.0.attn.c_attn.bias', ... and 2 more; closest: 'h.0.attn.c_attn.weight')".
   const TensorInfo& tensor(const std::string& name) const {
     const auto it = tensors_.find(name);
     if (it == tensors_.end())
-      throw detail::file_error(label_, "no tensor named '" + name + "' (the file has " +
-                                           std::to_string(tensors_.size()) + " tensors)");
+      throw detail::file_error(label_, "no tensor named " + detail::quoted_name(name) + " (" +
+                                           tensor_hint({name}) + ")");
     return it->second;
+  }
+
+  // What a message about a missing tensor says of the file: its tensor count, the first five
+  // names (sorted) and the name closest (by edit distance) to one of `wanted`, e.g.
+  // "the file has 7 tensors: 'a', 'b', 'c', 'd', 'e' and 2 more; closest: 'h.0.attn.c_attn.weight'",
+  // or "the file has no tensors". Names are cut at 80 characters.
+  std::string tensor_hint(const std::vector<std::string>& wanted) const {
+    return detail::tensor_names_hint(tensors_, wanted);
   }
 
   // All tensor names, sorted.
