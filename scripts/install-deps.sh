@@ -10,8 +10,10 @@ set -euo pipefail
 # (Debian bookworm's clang is 14; its sanitizer and libFuzzer runtimes are in libclang-rt-14-dev,
 # which clang only recommends, and its OpenMP runtime in libomp-dev). ThreadSanitizer's runtime
 # comes with g++ (libtsan2).
+# libopenmpi-dev, openmpi-bin: the tensor-parallel component (gpt2::mpi) and mpiexec, which runs
+# its tests on 2 and 3 ranks.
 packages=(libeigen3-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev cmake g++ ninja-build
-          python3-numpy libstb-dev clang libclang-rt-14-dev libomp-dev)
+          python3-numpy libstb-dev clang libclang-rt-14-dev libomp-dev libopenmpi-dev openmpi-bin)
 
 missing=()
 for pkg in "${packages[@]}"; do
