@@ -50,6 +50,9 @@ struct HeadRange {
 // The heads of rank `rank` of n_ranks over n_head heads: contiguous ranges in rank order, the first
 // n_head % n_ranks ranks one head more (25 heads over 3 ranks: 9, 8, 8).
 inline HeadRange heads_of_rank(Index n_head, int rank, int n_ranks) {
+  if (n_ranks < 1 || rank < 0 || rank >= n_ranks)
+    throw ConfigError("tensor parallel: expected a rank in [0, n_ranks) with n_ranks >= 1, got rank " +
+                      std::to_string(rank) + " of " + std::to_string(n_ranks));
   const Index per = n_head / n_ranks, extra = n_head % n_ranks, r = rank;
   return {r * per + std::min(r, extra), per + (r < extra ? 1 : 0)};
 }
