@@ -9,8 +9,16 @@
 //   - a rank's cache holds its heads only
 //   - errors: more ranks than heads; ranks whose configs or weights differ; one rank's bad input;
 //     each throws on every rank (no hang) with a message naming the rank and the problem
+//   - a decode step (one sequence, and a batch) allocates nothing once the workspace is sized: no
+//     Eigen heap allocation (EIGEN_RUNTIME_NO_MALLOC: one would fail Eigen's assertion) and no
+//     operator new (counted); MPI's own C allocations are not ours to count
+#define EIGEN_RUNTIME_NO_MALLOC
+
 #include <gtest/gtest.h>
 #include <mpi.h>
+
+#include <atomic>
+#include <new>
 
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +33,19 @@
 #include "support/compare.hpp"
 #include "support/det_random.hpp"
 #include "support/fixture.hpp"
+
+static std::atomic<long> g_new_calls{0};
+// GCC 12 flags free() in a replaced global operator delete as a mismatched deallocation; it is not.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+  g_new_calls.fetch_add(1);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace {
 
@@ -378,6 +399,38 @@ TYPED_TEST(TensorParallelFiveHeads, PlainCachedAndBatched) {
   expect_close_to<T>(RowMatrix<T>(yb.topRows(T_)), single, exact, "batch, right padding");
   expect_close_to<T>(RowMatrix<T>(yb.bottomRows(T_)), single, exact, "batch, left padding");
   EXPECT_TRUE((yb.middleRows(T_, Tp - T_ + Tp - T_).array() == T(0)).all()) << "padded rows";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode steps allocate nothing once sized.
+// ---------------------------------------------------------------------------------------------
+
+TEST(TensorParallelNoAlloc, DecodeSteps) {
+  const Index C = 64, H = 4, L = 12, B = 3;
+  const Model<float> m = model<float>(C, H, 5);
+  const TensorParallelAttention<float> tp(m.weights(), MPI_COMM_WORLD);
+  const RowMatrix<float> x = gpt2::test::det_matrix<float>(6, L, C, 1.0);
+  gpt2::Workspace<float> ws = tp.workspace(std::max<Index>(4, B), L);
+  KVCache<float> cache = tp.cache(L);
+  std::vector<KVCache<float>> caches;
+  for (Index b = 0; b < B; ++b) caches.push_back(tp.cache(L));
+  RowMatrix<float> out(L, C), x_step(B, C), y_step(B, C);
+  const BatchLayout step = BatchLayout::full(B, 1);
+  gpt2::attention_forward<float>(tp, x.topRows(4), cache, ws, out.topRows(4));  // sizes everything
+  for (Index b = 0; b < B; ++b) x_step.row(b) = x.row(b);
+  gpt2::attention_forward<float>(tp, x_step, step, caches, ws, y_step);
+
+  g_new_calls = 0;
+  Eigen::internal::set_is_malloc_allowed(false);
+  for (Index t = 4; t < L; ++t) {
+    gpt2::attention_forward<float>(tp, x.middleRows(t, 1), cache, ws, out.middleRows(t, 1));
+    gpt2::attention_forward<float>(tp, x_step, step, caches, ws, y_step);
+  }
+  Eigen::internal::set_is_malloc_allowed(true);
+  const long news = g_new_calls.load();
+  EXPECT_EQ(news, 0) << "operator new calls during the decode steps";
+  EXPECT_EQ(cache.n_past(), L);
+  EXPECT_TRUE(gpt2::test::near(out, gpt2::attention<float>(m.weights(), x), 1e-5));
 }
 
 // ---------------------------------------------------------------------------------------------
