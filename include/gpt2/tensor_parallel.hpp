@@ -149,6 +149,9 @@ void agree_on_ranks(MPI_Comm comm, int rank, int n_ranks, const F& check,
   } catch (const std::exception& e) {
     code = static_cast<long long>(rank) * kinds + static_cast<int>(ErrorKind::other);
     message = e.what();
+  } catch (...) {
+    code = static_cast<long long>(rank) * kinds + static_cast<int>(ErrorKind::other);
+    message = "an exception that is not a std::exception";
   }
   // [code, v_0, -v_0, v_1, -v_1, ...]: MIN gives the first failing rank and each value's range.
   long long buffer[1 + 2 * RankAgreement::kMax];
