@@ -312,6 +312,7 @@ TYPED_TEST(TensorParallelReference, BigLogits) { check_case<TypeParam>("big_logi
 TYPED_TEST(TensorParallelReference, RealGpt2Layer0_T64) { check_case<TypeParam>("gpt2_layer0_T64"); }
 TYPED_TEST(TensorParallelReference, Past_Tiny_UnevenChunks) { check_past<TypeParam>("past_tiny"); }
 TYPED_TEST(TensorParallelReference, Past_Small_T40) { check_past<TypeParam>("past_small_T40"); }
+TYPED_TEST(TensorParallelReference, Past_Small_DecodeWith1023Cached) { check_past<TypeParam>("past_small_T1024"); }
 TYPED_TEST(TensorParallelReference, Past_RealGpt2Layer0) { check_past<TypeParam>("past_gpt2_layer0_T64"); }
 TYPED_TEST(TensorParallelReference, Batch_RightPadding) { check_batch<TypeParam>("batch_right_pad"); }
 TYPED_TEST(TensorParallelReference, Batch_LeftPadding) { check_batch<TypeParam>("batch_left_pad"); }
