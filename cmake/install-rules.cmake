@@ -5,6 +5,7 @@
 #   share/cmake/gpt2_attention/gpt2_attentionConfig.cmake   find_package(gpt2_attention CONFIG)
 #   share/cmake/gpt2_attention/gpt2_attentionTargets.cmake  gpt2::attention
 #   share/cmake/gpt2_attention/gpt2_attention_ioTargets.cmake gpt2::io (when built)
+#   share/cmake/gpt2_attention/gpt2_attention_mpiTargets.cmake gpt2::mpi (when built)
 #   share/pkgconfig/gpt2-attention.pc                    pkg-config: headers, Eigen, OpenMP flags
 #   share/pkgconfig/gpt2-attention-io.pc                 pkg-config: + nlohmann_json (when built)
 #   share/doc/gpt2_attention/LICENSE
@@ -60,6 +61,18 @@ if(TARGET gpt2_attention_io)
     FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
     COMPONENT gpt2_attention_Development)
   install(EXPORT gpt2_attention_ioTargets
+    NAMESPACE gpt2::
+    DESTINATION "${GPT2_ATTENTION_INSTALL_CMAKEDIR}"
+    COMPONENT gpt2_attention_Development)
+endif()
+
+# The mpi component likewise: MPI is a dependency only of consumers asking for COMPONENTS mpi.
+if(TARGET gpt2_attention_mpi)
+  install(TARGETS gpt2_attention_mpi
+    EXPORT gpt2_attention_mpiTargets
+    FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
+    COMPONENT gpt2_attention_Development)
+  install(EXPORT gpt2_attention_mpiTargets
     NAMESPACE gpt2::
     DESTINATION "${GPT2_ATTENTION_INSTALL_CMAKEDIR}"
     COMPONENT gpt2_attention_Development)

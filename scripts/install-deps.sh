@@ -11,8 +11,11 @@ set -euo pipefail
 # which clang only recommends, and its OpenMP runtime in libomp-dev). ThreadSanitizer's runtime
 # comes with g++ (libtsan2).
 # pkgconf: pkg-config, for the test of the installed gpt2-attention.pc (package_pkg_config).
+# libopenmpi-dev, openmpi-bin: the tensor-parallel component (gpt2::mpi) and mpiexec, which runs
+# its tests on 2 and 3 ranks.
 packages=(libeigen3-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev cmake g++ ninja-build
-          python3-numpy libstb-dev clang libclang-rt-14-dev libomp-dev pkgconf)
+          python3-numpy libstb-dev clang libclang-rt-14-dev libomp-dev pkgconf libopenmpi-dev
+          openmpi-bin)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -101,13 +101,16 @@ enum class Stdout {
 // so that `cwd` holds only what the CLI itself writes. A run that takes over two minutes (a hang,
 // e.g. on a FIFO) is killed and reported as status -2. address_space > 0: the child's RLIMIT_AS,
 // so that an allocation beyond it fails (std::bad_alloc) instead of succeeding or swapping.
+// launcher: a program (absolute path) and its arguments that start the CLI, e.g. mpiexec -n 2.
 // env: NAME=VALUE entries added to the child's environment.
 CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd,
                   Stdout stdout_to = Stdout::File, rlim_t address_space = 0,
+                  const std::vector<std::string>& launcher = {},
                   std::vector<std::string> env = {}) {
   const TempDir logs("gpt2-cli");
   const std::string out_path = logs.file("stdout"), err_path = logs.file("stderr");
-  std::vector<std::string> argv_strings = {GPT2_CLI_PATH};
+  std::vector<std::string> argv_strings = launcher;
+  argv_strings.push_back(GPT2_CLI_PATH);
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& s : argv_strings) argv.push_back(s.data());
@@ -290,7 +293,12 @@ class CliTest : public ::testing::Test {
   CliResult cli_at(const std::string& level, const std::vector<std::string>& args) const {
     std::vector<std::string> env;
     if (!level.empty()) env.push_back("GPT2_ATTENTION_ISA=" + level);
-    return run_cli(args, dir.path_string(), Stdout::File, 0, env);
+    return run_cli(args, dir.path_string(), Stdout::File, 0, {}, env);
+  }
+  // The CLI under `launcher` (e.g. mpiexec -n 2 --oversubscribe).
+  CliResult cli_under(const std::vector<std::string>& launcher,
+                      const std::vector<std::string>& args) const {
+    return run_cli(args, dir.path_string(), Stdout::File, 0, launcher);
   }
   // The CLI in kSmallAddressSpace.
   CliResult cli_small(const std::vector<std::string>& args) const {
@@ -922,6 +930,104 @@ TEST_F(CliBatchTest, LayoutErrorsNameTheFlagWhatWasExpectedAndWhatWasGot) {
   const std::vector<std::string> expected = {"w.safetensors", "x.npy", "xb.npy"};
   EXPECT_EQ(dir.list(), expected);
 }
+
+// ---------------------------------------------------------------------------------------------
+// run --tensor-parallel (under mpiexec, in a build with MPI)
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CliTest, TensorParallelIsASwitch) {
+  const CliResult r = run_default({"--tensor-parallel=1"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "gpt2-attention: flag --tensor-parallel takes no value (see gpt2-attention --help)\n");
+  EXPECT_NE(cli({"--help"}).out.find("mpiexec -n R gpt2-attention run --tensor-parallel"), std::string::npos);
+}
+
+#ifndef GPT2_CLI_MPIEXEC
+TEST_F(CliTest, TensorParallelWithoutMpiIsAUsageError) {
+  const CliResult r = run_default({"--tensor-parallel"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "gpt2-attention: --tensor-parallel: this gpt2-attention was built without MPI "
+                   "(configure with GPT2_ATTENTION_MPI=ON; Debian: libopenmpi-dev, openmpi-bin) "
+                   "(see gpt2-attention --help)\n");
+  const std::vector<std::string> expected = {"w.safetensors", "x.npy"};
+  EXPECT_EQ(dir.list(), expected);
+}
+#else
+// mpiexec -n R --oversubscribe, one thread per rank (Open MPI needs the two variables as root).
+std::vector<std::string> mpiexec(int ranks) {
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  ::setenv("OMP_NUM_THREADS", "1", 0);
+  return {GPT2_CLI_MPIEXEC, "-n", std::to_string(ranks), "--oversubscribe"};
+}
+
+// The tensor-parallel run's files against the plain run's: the partial outputs are summed in
+// another order (over the ranks), so Y differs by rounding: float within 8 kFloatTol, double
+// within kDoubleTol. Only rank 0 writes: the directory ends with exactly the expected files.
+TEST_F(CliBatchTest, TensorParallelMatchesThePlainRun) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string input, dtype;
+    std::vector<std::int64_t> y_shape, p_shape;
+  };
+  const std::vector<Case> cases = {
+      {{}, "x.npy", "f32", {kT, kC}, {kHeads, kT, kT}},
+      {{"--prefill", "3"}, "x.npy", "f64", {kT, kC}, {kHeads, kT, kT}},
+      {{"--starts", "0,2,0", "--lengths", "7,4,0"}, "xb.npy", "f32", {kB, kTb, kC}, {kB, kHeads, kTb, kTb}},
+      {{"--starts", "2,0,1", "--lengths", "5,7,3", "--prefill", "2"}, "xb.npy", "f64", {kB, kTb, kC},
+       {kB, kHeads, kTb, kTb}},
+  };
+  for (const Case& c : cases) {
+    const auto args_for = [&](const std::string& y_file, const std::string& p_file) {
+      std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", c.input, "--n-head",
+                                       "4", "--dtype", c.dtype, "--probs", p_file, "--output", y_file};
+      args.insert(args.end(), c.flags.begin(), c.flags.end());
+      return args;
+    };
+    ASSERT_EQ(cli(args_for("y.npy", "p.npy")).status, 0);
+    const RowMatrix<double> y = read_matrix_as_double(file("y.npy"), c.dtype, c.y_shape);
+    const RowMatrix<double> p = read_matrix_as_double(file("p.npy"), c.dtype, c.p_shape);
+    const double tol = c.dtype == "f32" ? 8 * kFloatTol : kDoubleTol;
+    for (const int ranks : {2, 3}) {  // 4 heads: 2 + 2, and 2 + 1 + 1
+      SCOPED_TRACE(c.input + " " + c.dtype + " " + csv({static_cast<Index>(c.flags.size())}) + " flags, " +
+                   std::to_string(ranks) + " ranks");
+      std::vector<std::string> tp_args = args_for("yt.npy", "pt.npy");
+      tp_args.push_back("--tensor-parallel");
+      const CliResult r = cli_under(mpiexec(ranks), tp_args);
+      EXPECT_SUCCESS(r);
+      EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("yt.npy"), c.dtype, c.y_shape), y, tol));
+      EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("pt.npy"), c.dtype, c.p_shape), p, tol));
+      const std::vector<std::string> expected = {"p.npy", "pt.npy", "w.safetensors", "x.npy", "xb.npy", "y.npy", "yt.npy"};
+      EXPECT_EQ(dir.list(), expected);
+    }
+  }
+}
+
+// An error on any rank: exit status 1, rank 0's one line naming the rank (once, whatever the
+// number of ranks), nothing written.
+TEST_F(CliTest, TensorParallelErrorsStopEveryRankAndWriteNothing) {
+  const std::vector<std::string> run = {"run", "--weights", "w.safetensors", "--input", "x.npy",
+                                        "--output", "y.npy", "--probs", "p.npy", "--tensor-parallel"};
+  std::vector<std::string> too_many = run, missing = run;
+  too_many.insert(too_many.end(), {"--n-head", "2"});
+  missing[2] = "nope.safetensors";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {too_many, "gpt2-attention: tensor parallel: 3 ranks but n_head = 2: every rank needs at "
+                 "least one head (use at most 2 ranks)"},
+      {missing, "gpt2-attention: tensor parallel rank 0 of 3: weights nope.safetensors: cannot open: "
+                "No such file or directory"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(message);
+    const CliResult r = cli_under(mpiexec(3), args);
+    EXPECT_NE(r.status, 0);
+    EXPECT_NE(r.err.find(message + "\n"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find(message), r.err.rfind(message)) << "printed more than once: " << r.err;
+    const std::vector<std::string> expected = {"w.safetensors", "x.npy"};
+    EXPECT_EQ(dir.list(), expected);
+  }
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // help and usage

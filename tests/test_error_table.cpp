@@ -574,6 +574,7 @@ void cli_rows(Table& t) {
   t.cli("a flag followed by another flag", {"run", "--weights", "--input", "x.npy"}, d);
   t.cli("an empty value", with({"--probs="}), d);
   t.cli("a flag given twice", with({"--input", "x.npy"}), d);
+  t.cli("a switch given a value", with({"--tensor-parallel=2"}), d);
   t.cli("a required flag missing", {"run", "--input", "x.npy", "--output", "y.npy"}, d);
   t.cli("a number that is not one", with({"--layer", "one"}), d);
   t.cli("a number out of range", {"demo", "--tokens", "2000"}, d);

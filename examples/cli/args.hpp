@@ -1,5 +1,6 @@
 // Command-line parsing for gpt2-attention: one subcommand followed by flags, each written
-// `--name VALUE` or `--name=VALUE`, each given at most once. `--help` / `-h` anywhere asks for help.
+// `--name VALUE` or `--name=VALUE`, or a switch `--name` (no value), each given at most once.
+// `--help` / `-h` anywhere asks for help.
 //
 // A malformed command line is a UsageError (exit status 2); everything found wrong while reading
 // or checking data is a gpt2::Error (exit status 1). See main.cpp.
@@ -20,6 +21,13 @@ namespace gpt2::cli {
 // The command line itself is wrong: unknown, missing or repeated flag, flag without a value,
 // a value that is not a number or out of range, an unknown dtype, a stray argument.
 class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A data error already reported (by rank 0 of a tensor-parallel run, whose error every rank
+// shares): exit status 1 without another message. See tensor_parallel_run.hpp.
+class ReportedElsewhere : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -111,12 +119,14 @@ class Flags {
   std::map<std::string, std::string> values_;
 };
 
-// Parses the arguments after the subcommand. `known` lists the flag names without "--".
+// Parses the arguments after the subcommand. `known` lists the flag names without "--", and
+// `switches` the flags that take no value (recorded as "1"; `--name=value` is refused).
 //   run --weights W.safetensors --input=X.npy ...  ->  {weights: W.safetensors, input: X.npy, ...}
 // A value may not start with "--" (that is the next flag: the value is missing) and may not be
 // empty. Throws UsageError naming the offending argument.
 inline Flags parse_flags(const std::string& command, const std::vector<std::string>& args,
-                         const std::vector<std::string>& known) {
+                         const std::vector<std::string>& known,
+                         const std::vector<std::string>& switches = {}) {
   Flags flags;
   for (const std::string& arg : args)
     if (arg == "--help" || arg == "-h") {
@@ -137,6 +147,11 @@ inline Flags parse_flags(const std::string& command, const std::vector<std::stri
     }
     const std::size_t eq = arg.find('=');
     const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (std::find(switches.begin(), switches.end(), name) != switches.end()) {
+      if (eq != std::string::npos) throw UsageError("flag --" + name + " takes no value");
+      flags.set(name, "1");
+      continue;
+    }
     if (!is_known(name))
       throw UsageError(command + ": unknown flag '--" + name + "'");
     std::string value;

@@ -11,6 +11,9 @@
 //
 // Padded rows of out, and padded rows and columns of probs, are exactly 0; padded input rows are
 // never read (they may hold anything, NaN included).
+//
+// W: AttentionWeights<T>, or a TensorParallelAttention<T> shard (its caches and workspaces over its
+// heads, its probs its own heads': n_head is heads_here(w), sublayer.hpp).
 #pragma once
 
 #include <algorithm>
@@ -19,13 +22,14 @@
 
 #include "gpt2/attention.hpp"
 #include "head_maps.hpp"
+#include "sublayer.hpp"
 
 namespace gpt2::cli {
 
-template <class T>
-void batch_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                   const BatchLayout& layout, MatrixRef<T> out) {
-  Workspace<T> ws(w.config(), layout.max_length());
+template <class T, class W>
+void batch_forward(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+                   MatrixRef<T> out) {
+  Workspace<T> ws = make_workspace(w, layout.max_length());
   attention_forward<T>(w, x, layout, ws, out);
 }
 
@@ -35,14 +39,14 @@ void batch_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
 // [B, C] back. Sequence b's cache holds its l_b tokens (capacity l_b, not T); the workspace holds
 // the largest step (min(prefill, L) tokens, or 1) attending to up to L keys, L the longest
 // sequence. Caches, workspace and step buffers are allocated once, before step 0.
-template <class T>
-void batch_decode(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                  const BatchLayout& layout, Index prefill, MatrixRef<T> out) {
+template <class T, class W>
+void batch_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+                  Index prefill, MatrixRef<T> out) {
   const Index B = layout.batch(), C = w.n_embd(), L = layout.max_length();
   std::vector<KVCache<T>> caches;
   caches.reserve(static_cast<std::size_t>(B));
-  for (Index b = 0; b < B; ++b) caches.emplace_back(w.config(), layout.length(b));
-  Workspace<T> ws(w.config(), std::max(std::min(prefill, L), std::min<Index>(L, 1)), L);
+  for (Index b = 0; b < B; ++b) caches.push_back(make_cache(w, layout.length(b)));
+  Workspace<T> ws = make_workspace(w, std::max(std::min(prefill, L), std::min<Index>(L, 1)), L);
   RowMatrix<T> x_step = RowMatrix<T>::Zero(B, C), out_step(B, C);
   BatchLayout step = BatchLayout::full(B, 1);
 
@@ -72,16 +76,16 @@ void batch_decode(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
 // is computed): sequence b's maps are computed into the tail of its block of n_head * T * T values
 // and spread from there; a sequence of all T rows (start 0, length T) is computed in place. No
 // second copy of any map: the only scratch is the workspace and one sequence's discarded Y.
-template <class T>
-void batch_probs(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                 const BatchLayout& layout, RowMatrix<T>& probs) {
-  const Index B = layout.batch(), T_ = layout.tokens(), n_head = w.n_head();
+template <class T, class W>
+void batch_probs(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+                 RowMatrix<T>& probs) {
+  const Index B = layout.batch(), T_ = layout.tokens(), n_head = heads_here(w);
   if (probs.rows() != B * n_head * T_ || probs.cols() != T_)
     throw ShapeError("batch_probs: expected probs [" + std::to_string(B * n_head * T_) + ", " +
                      std::to_string(T_) + "], got [" + std::to_string(probs.rows()) + ", " +
                      std::to_string(probs.cols()) + "]");
   const Index max_length = layout.max_length();
-  Workspace<T> ws(w.config(), max_length);
+  Workspace<T> ws = make_workspace(w, max_length);
   RowMatrix<T> out_b(max_length, w.n_embd());
   for (Index b = 0; b < B; ++b) {
     const Index l = layout.length(b), s = layout.start(b);

@@ -1,6 +1,7 @@
 // gpt2-attention: command-line front end of the gpt2-attention library.
 //
 //   gpt2-attention run  --weights W.safetensors --input X.npy --output Y.npy [...]   run_command.hpp
+//   mpiexec -n R gpt2-attention run --tensor-parallel ...                           tensor_parallel_run.hpp
 //   gpt2-attention demo [--weights W.safetensors] [...]                              demo_command.hpp
 //   gpt2-attention help | --help | -h                                                usage.hpp
 //   gpt2-attention --version      version, kernel level in use and the CPU features seen
@@ -21,6 +22,9 @@
 #include "demo_command.hpp"
 #include "run_command.hpp"
 #include "usage.hpp"
+#if GPT2_CLI_TENSOR_PARALLEL
+#include "tensor_parallel_run.hpp"
+#endif
 
 namespace {
 
@@ -59,7 +63,8 @@ int dispatch(const std::vector<std::string>& args) {
       throw UsageError("expected a command (run, demo or help) before '" + command + "'");
     throw UsageError("unknown command '" + command + "' (expected run, demo or help)");
   }
-  const Flags flags = parse_flags(command, rest, command == "run" ? kRunFlags : kDemoFlags);
+  const Flags flags = command == "run" ? parse_flags(command, rest, kRunFlags, kRunSwitches)
+                                       : parse_flags(command, rest, kDemoFlags);
   if (flags.help) {
     std::cout << usage_text();
     return 0;
@@ -90,6 +95,8 @@ int main(int argc, char** argv) {
   } catch (const gpt2::cli::UsageError& e) {
     report_error(e.what(), true);
     return kExitUsage;
+  } catch (const gpt2::cli::ReportedElsewhere&) {  // --tensor-parallel: rank 0 has said it
+    return kExitData;
   } catch (const std::bad_alloc&) {
     report_error("out of memory", false);
     return kExitData;

@@ -19,25 +19,27 @@
 
 #include "gpt2/attention.hpp"
 #include "head_maps.hpp"
+#include "sublayer.hpp"
 
 namespace gpt2::cli {
 
 // Runs x through one KVCache of capacity T, chunks of prefill tokens then 1, 1, ...; writes every
 // row of out, and every value of probs when it is not null. probs must already be [n_head * T, T]
 // (the caller allocates it before anything is computed). The cache and the workspace are
-// allocated once, before the first chunk.
-template <class T>
-void prefill_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, Index prefill,
-                     MatrixRef<T> out, RowMatrix<T>* probs) {
-  const Index T_ = x.rows(), n_head = w.n_head();
+// allocated once, before the first chunk. W: AttentionWeights<T>, or a TensorParallelAttention<T>
+// shard, whose probs are its own heads' (n_head: heads_here(w), sublayer.hpp).
+template <class T, class W>
+void prefill_forward(const W& w, const ConstMatrixRef<T>& x, Index prefill, MatrixRef<T> out,
+                     RowMatrix<T>* probs) {
+  const Index T_ = x.rows(), n_head = heads_here(w);
   if (probs && (probs->rows() != n_head * T_ || probs->cols() != T_))
     throw ShapeError("prefill_forward: expected probs [" + std::to_string(n_head * T_) + ", " +
                      std::to_string(T_) + "], got [" + std::to_string(probs->rows()) + ", " +
                      std::to_string(probs->cols()) + "]");
   const Index first = std::min(prefill, T_);
   const Index max_chunk = std::max(first, std::min<Index>(T_, 1));
-  KVCache<T> cache(w.config(), T_);
-  Workspace<T> ws(w.config(), max_chunk, T_);
+  KVCache<T> cache = make_cache(w, T_);
+  Workspace<T> ws = make_workspace(w, max_chunk, T_);
 
   Index n_past = 0;
   if (first > 0) {

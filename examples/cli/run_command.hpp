@@ -32,12 +32,18 @@
 #include "output_files.hpp"
 #include "prefill_run.hpp"
 #include "run_input.hpp"
+#include "sublayer.hpp"
 
 namespace gpt2::cli {
 
 inline const std::vector<std::string> kRunFlags = {
     "weights", "layer", "input", "output", "n-head", "dtype", "probs", "prefill", "lengths", "starts",
     "png", "png-scale"};
+// Flags without a value.
+inline const std::vector<std::string> kRunSwitches = {"tensor-parallel"};
+
+// Whether this build can run --tensor-parallel (it was built with gpt2::mpi).
+inline constexpr bool kHasTensorParallel = GPT2_CLI_TENSOR_PARALLEL;
 
 enum class Precision { f32, f64 };
 
@@ -52,6 +58,7 @@ struct RunOptions {
   Precision precision = Precision::f32;
   std::optional<Index> prefill;                      // --prefill N: through KV caches
   std::optional<std::vector<long long>> starts, lengths;  // a batch's real rows
+  bool tensor_parallel = false;  // --tensor-parallel: the heads split over the MPI ranks
 };
 
 // --dtype f32|f64 (default f32).
@@ -114,6 +121,10 @@ inline RunOptions parse_run_options(const Flags& flags) {
     o.prefill = static_cast<Index>(flags.integer_or("prefill", 0, 0, Flags::kNoMax));
   o.starts = flags.count_list("starts");
   o.lengths = flags.count_list("lengths");
+  o.tensor_parallel = flags.has("tensor-parallel");
+  if (o.tensor_parallel && !kHasTensorParallel)
+    throw UsageError("--tensor-parallel: this gpt2-attention was built without MPI "
+                     "(configure with GPT2_ATTENTION_MPI=ON; Debian: libopenmpi-dev, openmpi-bin)");
   check_distinct_files(o);
   return o;
 }
@@ -149,7 +160,11 @@ struct RunResult {
   bool batched = false;     // a 3-D input
 };
 
-// Loads, reads and computes everything `o` asks for, in precision T. Writes nothing.
+// Computes everything `o` asks for with sublayer w on the input that was read, in precision T,
+// into r. Writes nothing. W: AttentionWeights<T>, or one rank's TensorParallelAttention<T> shard
+// (tensor_parallel_run.hpp), whose r.probs are then its own heads' only (heads_here(w) of the
+// n_head heads that r.probs_shape, the shape written, counts). r.out and r.probs may come sized
+// already (the tensor-parallel run allocates them first); they are resized otherwise.
 //
 // Resources: when B * T == 0 (an empty sequence or batch, whatever the other dimension: a
 // header-only file) the flags are checked against B and T and nothing is allocated or computed:
@@ -157,16 +172,10 @@ struct RunResult {
 // buffer) is allocated first, before Y and before any computation, so that a P too large for
 // memory fails at once (std::bad_alloc: "out of memory", exit 1; see main.cpp), not after the
 // long computation of Y.
-template <class T>
-RunResult<T> compute_run(const RunOptions& o) {
-  const safetensors::File file = open_weights(o.weights);
-  const safetensors::LoadedAttention<T> loaded = load_layer<T>(file, o.layer, o.n_head);
-  const AttentionWeights<T> w = packed_for_kernels(loaded.weights());
-  const RunInput<T> input = read_input<T>(o.input, w.n_embd());
-  const std::optional<BatchLayout> layout = input_layout(input.shape, o.starts, o.lengths);
-
+template <class T, class W>
+void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
+                  const std::optional<BatchLayout>& layout, RunResult<T>& r) {
   const Index n_head = w.n_head(), B = input.batch(), T_ = input.tokens();
-  RunResult<T> r;
   r.out_shape = input.shape;
   r.probs_shape = input.batched() ? std::vector<std::int64_t>{B, n_head, T_, T_}
                                   : std::vector<std::int64_t>{n_head, T_, T_};
@@ -175,20 +184,20 @@ RunResult<T> compute_run(const RunOptions& o) {
     if (!o.png.empty())
       throw Error("png " + o.png + ": the input " + detail::shape_string(input.shape) +
                   " has no tokens: nothing to draw");
-    return r;
+    return;
   }
   if (!o.png.empty())
     for (Index b = 0; b < B; ++b)
       r.spans.push_back(layout ? Span{layout->start(b), layout->length(b)} : Span{0, T_});
 
   RowMatrix<T>* probs = o.probs.empty() && o.png.empty() ? nullptr : &r.probs;
-  if (probs) probs->resize(B * n_head * T_, T_);  // first: see above
+  if (probs) probs->resize(B * heads_here(w) * T_, T_);  // first: see above
   r.out.resize(input.x.rows(), w.n_embd());
   if (!input.batched()) {
     if (o.prefill) {
       prefill_forward<T>(w, input.x, *o.prefill, r.out, probs);
     } else {
-      Workspace<T> ws(w.config(), T_);
+      Workspace<T> ws = make_workspace(w, T_);
       if (probs)
         attention_forward<T>(w, input.x, ws, r.out, *probs);
       else
@@ -201,6 +210,19 @@ RunResult<T> compute_run(const RunOptions& o) {
       batch_forward<T>(w, input.x, *layout, r.out);
     if (probs) batch_probs<T>(w, input.x, *layout, *probs);
   }
+}
+
+// Loads, reads and computes everything `o` asks for, in precision T, in this process. Writes
+// nothing.
+template <class T>
+RunResult<T> compute_run(const RunOptions& o) {
+  const safetensors::File file = open_weights(o.weights);
+  const safetensors::LoadedAttention<T> loaded = load_layer<T>(file, o.layer, o.n_head);
+  const AttentionWeights<T> w = packed_for_kernels(loaded.weights());
+  const RunInput<T> input = read_input<T>(o.input, w.n_embd());
+  const std::optional<BatchLayout> layout = input_layout(input.shape, o.starts, o.lengths);
+  RunResult<T> r;
+  compute_with<T>(o, w, input, layout, r);
   return r;
 }
 
@@ -237,9 +259,15 @@ void run_in_precision(const RunOptions& o) {
   write_run_result<T>(o, result);
 }
 
+// run --tensor-parallel (tensor_parallel_run.hpp, built with gpt2::mpi only).
+inline int run_tensor_parallel(const RunOptions& o);
+
 // gpt2-attention run ...; returns the exit status (errors are thrown).
 inline int run_command(const Flags& flags) {
   const RunOptions o = parse_run_options(flags);
+#if GPT2_CLI_TENSOR_PARALLEL
+  if (o.tensor_parallel) return run_tensor_parallel(o);
+#endif
   if (o.precision == Precision::f32)
     run_in_precision<float>(o);
   else

@@ -24,7 +24,8 @@ void run_args(const std::vector<std::string>& args, std::int64_t B, std::int64_t
   const std::string& command = args.front();
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (command != "run" && command != "demo") return;
-  const Flags flags = parse_flags(command, rest, command == "run" ? kRunFlags : kDemoFlags);
+  const Flags flags = command == "run" ? parse_flags(command, rest, kRunFlags, kRunSwitches)
+                                       : parse_flags(command, rest, kDemoFlags);
   if (flags.help) return;
   if (command == "demo") {
     const DemoOptions o = parse_demo_options(flags);
