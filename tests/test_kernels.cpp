@@ -128,7 +128,7 @@ struct Problem {
     for (Index i = 0; i < M; ++i) fill_random(C.data() + i * ldc, N, rng);
     std::memcpy(want.data(), C.data(), sizeof(float) * static_cast<std::size_t>(std::max<Index>(1, M * ldc)));
     const std::vector<float> packed = emu::pack_panels_reference(K, N, B.data(), ldb);
-    std::memcpy(Bp.data(), packed.data(), sizeof(float) * packed.size());
+    if (!packed.empty()) std::memcpy(Bp.data(), packed.data(), sizeof(float) * packed.size());
     emu::gemm(M, N, K, A.data(), lda, B.data(), ldb, want.data(), ldc);
   }
   void reset_c(const Problem& fresh) {

@@ -34,18 +34,7 @@
 #include "support/det_random.hpp"
 #include "support/fixture.hpp"
 
-static std::atomic<long> g_new_calls{0};
-// GCC 12 flags free() in a replaced global operator delete as a mismatched deallocation; it is not.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-  g_new_calls.fetch_add(1);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
+#include "support/new_counter.hpp"  // g_new_calls: this program's operator new calls
 
 namespace {
 

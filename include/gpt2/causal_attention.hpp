@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -125,6 +126,14 @@ inline void check_attention_shapes(Index n_query, Index n_keys, Index head_dim, 
 // through row_times_transposed, which reads k in place. The generic level uses Eigen's GEMM.
 inline constexpr Index kKernelScoreRows = 16;
 
+// m = 0, row by row with memset (the C library's, tuned for the CPU it runs on whatever this code
+// is compiled for; Eigen's setZero would use the vector width of the consumer's flags).
+template <class T>
+void zero_rows(MatrixRef<T>& m) {
+  for (Index i = 0; i < m.rows(); ++i)
+    std::memset(m.row(i).data(), 0, static_cast<std::size_t>(m.cols()) * sizeof(T));
+}
+
 // Rows [r0, r0 + nb) of one head (nb <= kAttentionRowBlock): the row tile's scores cover only
 // the keys its last row can see. Shapes as in causal_attention_head, already checked; scratch has
 // room for k.rows() keys. Writes out's rows r0 .. r0 + nb - 1 (and probs' when not null).
@@ -141,7 +150,7 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
   if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
     if constexpr (std::is_same<T, float>::value) {
       if (nb >= kKernelScoreRows) {  // the GEMM accumulates into att: zeroed first
-        att.setZero();
+        zero_rows(att);
         if (scratch.packed_keys != k.data() || scratch.packed_rows < n_visible) {
           scratch.keys_t.topLeftCorner(head_dim, n_visible) = k.topRows(n_visible).transpose();
           scratch.packed_keys = k.data();
@@ -171,7 +180,7 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
   // then takes only its visible own keys base .. base + i.
   const Index base = n_past + r0;
   MatrixRef<T> y = out.middleRows(r0, nb);
-  y.setZero();
+  zero_rows(y);
   if (v.middleRows(base, nb).allFinite()) {
     gemm_accumulate<T>(T(1), att, v.topRows(n_visible), Op::None, y, scratch.values_gemm);
   } else {
