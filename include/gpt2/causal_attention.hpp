@@ -150,7 +150,7 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
   if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
     if constexpr (std::is_same<T, float>::value) {
       if (nb >= kKernelScoreRows) {  // the GEMM accumulates into att: zeroed first
-        zero_rows(att);
+        zero_rows<T>(att);
         if (scratch.packed_keys != k.data() || scratch.packed_rows < n_visible) {
           scratch.keys_t.topLeftCorner(head_dim, n_visible) = k.topRows(n_visible).transpose();
           scratch.packed_keys = k.data();
@@ -180,7 +180,7 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
   // then takes only its visible own keys base .. base + i.
   const Index base = n_past + r0;
   MatrixRef<T> y = out.middleRows(r0, nb);
-  zero_rows(y);
+  zero_rows<T>(y);
   if (v.middleRows(base, nb).allFinite()) {
     gemm_accumulate<T>(T(1), att, v.topRows(n_visible), Op::None, y, scratch.values_gemm);
   } else {
