@@ -50,24 +50,42 @@ void check_workspace_overlap(const Workspace<T>& ws, Index T_new, const MatrixRe
 // the split.
 inline constexpr Index kProjectionColumnAlign = 192;
 
-// out[T, N] = x[T, K] @ weight[K, N] + bias[N], the columns split into n_threads parts that run
-// in parallel, part t in ws.threads[t].gemm (each column is computed the same way whatever the
-// split: the result does not depend on n_threads). packed: weight in the panel layout, or null
-// (pack_weights). out must not overlap x or weight.
+// Rows of a projection per thread from which the vector levels split the rows, not the columns,
+// over threads (each thread then reads all of the weight but only its rows of x and out; measured
+// faster on two cores from T = 128 up: qkv at T = 1024 1.08x). Below it (a decode step, short
+// prompts), the columns.
+inline constexpr Index kProjectionRowSplit = 64;
+
+// out[T, N] = x[T, K] @ weight[K, N] + bias[N] on n_threads threads, part t in ws.threads[t].gemm.
+// The parts are row ranges at the vector levels (float; their gemm gives a row the same bits
+// whatever rows go with it) when there are at least kProjectionRowSplit rows per thread, else
+// column ranges (each column is computed the same way whatever the split): either way the result
+// does not depend on n_threads. packed: weight in the panel layout, or null (pack_weights). out
+// must not overlap x or weight.
 // PyTorch: torch.addmm(bias, x, weight)
 template <class T>
 void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& weight,
                          const PackedMatrix* packed, const ConstVectorMap<T>& bias,
                          MatrixRef<T>& out, Workspace<T>& ws, int n_threads) {
-  const Index N = weight.cols();
+  const Index N = weight.cols(), M = x.rows();
   const Index parts = std::min<Index>(n_threads, ws.thread_capacity());
+  const bool by_rows = parts > 1 && vector_kernels<T>() != nullptr && M >= kProjectionRowSplit * parts;
   parallel_tasks(parts, static_cast<int>(parts), [&](Index part, int thread) {
+    GemmScratch<T>& gemm = ws.threads[static_cast<std::size_t>(thread)].gemm;
+    if (by_rows) {
+      const ColumnRange rows = column_part(M, part, parts, 1);
+      if (rows.size() == 0) return;
+      MatrixRef<T> out_part = out.middleRows(rows.begin, rows.size());
+      out_part.rowwise() = bias;
+      gemm_accumulate_columns<T>(x.middleRows(rows.begin, rows.size()), weight, packed, 0, N,
+                                 out_part, gemm);
+      return;
+    }
     const ColumnRange cols = column_part(N, part, parts, kProjectionColumnAlign);
     if (cols.size() == 0) return;
     MatrixRef<T> out_part = out.middleCols(cols.begin, cols.size());
     out_part.rowwise() = bias.segment(cols.begin, cols.size());
-    gemm_accumulate_columns<T>(x, weight, packed, cols.begin, cols.size(), out_part,
-                               ws.threads[static_cast<std::size_t>(thread)].gemm);
+    gemm_accumulate_columns<T>(x, weight, packed, cols.begin, cols.size(), out_part, gemm);
   });
 }
 
