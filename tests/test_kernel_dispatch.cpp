@@ -111,6 +111,10 @@ TEST(KernelDispatch, UnknownOrUnavailableLevelsAreErrorsThatNameTheAvailableOnes
   EXPECT_TRUE(gpt2::test::Contains(
       gpt2::test::error_of<gpt2::ConfigError>([] { gpt2::set_isa(std::string("AVX512")); }),
       "unknown kernel level 'AVX512'"));  // names are exact
+  EXPECT_TRUE(gpt2::test::Contains(
+      gpt2::test::error_of<gpt2::ConfigError>([] { gpt2::set_isa(static_cast<Isa>(7)); }),
+      "set_isa: unknown kernel level 7"));
+  EXPECT_EQ(gpt2::active_isa(), before);
   bool refused_one = false;
   for (Isa isa : gpt2::kAllIsas) {
     if (gpt2::isa_supported(isa)) continue;
@@ -162,6 +166,39 @@ TEST(PackWeights, CopiesTheTwoWeightMatricesOnceAndKeepsTheViews) {
   EXPECT_EQ(p.packed_c_attn_weight()->cols(), 288);
   const gpt2::AttentionWeights<float> copy = p;  // copies share the packed data
   EXPECT_EQ(copy.packed_c_attn_weight(), p.packed_c_attn_weight());
+}
+
+// gemm_accumulate_columns checks its column range and its packed copy at every level (the
+// generic level, which reads the view, included).
+TEST(PackWeights, ColumnProductsCheckTheirArgumentsAtEveryLevel) {
+  const LevelGuard guard;
+  const RowMatrix<float> a = RowMatrix<float>::Random(4, 8), b = RowMatrix<float>::Random(8, 64);
+  const gpt2::PackedMatrix packed(b), other(RowMatrix<float>::Random(8, 32));
+  gpt2::GemmScratch<float> scratch;
+  for (Isa isa : gpt2::available_isas()) {
+    gpt2::set_isa(isa);
+    SCOPED_TRACE(gpt2::isa_name(isa));
+    RowMatrix<float> c = RowMatrix<float>::Zero(4, 32);
+    EXPECT_TRUE(gpt2::test::Contains(gpt2::test::error_of<gpt2::ShapeError>([&] {
+                  gpt2::gemm_accumulate_columns<float>(a, b, &packed, 48, 32, c, scratch);
+                }),
+                "gemm: columns [48, 80) outside B's 64"));
+    EXPECT_TRUE(gpt2::test::Contains(gpt2::test::error_of<gpt2::ShapeError>([&] {
+                  gpt2::gemm_accumulate_columns<float>(a, b, nullptr, 48, 32, c, scratch);
+                }),
+                "gemm: columns [48, 80) outside B's 64"));
+    EXPECT_TRUE(gpt2::test::Contains(gpt2::test::error_of<gpt2::ShapeError>([&] {
+                  gpt2::gemm_accumulate_columns<float>(a, b, &other, 0, 32, c, scratch);
+                }),
+                "packed weight: expected shape [8, 64], got [8, 32]"));
+    RowMatrix<float> c16 = RowMatrix<float>::Zero(4, 16);
+    EXPECT_TRUE(gpt2::test::Contains(gpt2::test::error_of<gpt2::ShapeError>([&] {
+                  gpt2::gemm_accumulate_columns<float>(a, b, &packed, 16, 16, c16, scratch);
+                }),
+                "a multiple of 32, got 16"));
+    gpt2::gemm_accumulate_columns<float>(a, b, &packed, 32, 32, c, scratch);
+    EXPECT_TRUE(gpt2::test::near(c, (a * b.rightCols(32)).eval(), 1e-6, 1e-6));
+  }
 }
 
 // Every forward on packed weights gives bitwise what the views give, at every level: the packed

@@ -399,7 +399,7 @@ TEST_P(Kernels, SoftmaxRowMatchesEmulationAndDouble) {
   for (Index n : {47, 48, 63, 64, 65, 100, 255, 256, 257, 1000, 1024}) sizes.push_back(n);
   for (Index n : sizes)
     for (Index extra : {0, 1, 17})
-      for (float scale : {0.125f, 1.0f, 3.0f}) {
+      for (float scale : {0.125f, 1.0f, 3.0f, 0.0f, -1.0f}) {  // 0, -1: lanes past n must not count
         const Index n_keys = n + extra;
         std::vector<float> row(static_cast<std::size_t>(n_keys));
         for (float& v : row) v = logit(rng);

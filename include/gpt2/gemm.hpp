@@ -80,17 +80,23 @@ template <class T>
 void gemm_accumulate_columns(const ConstMatrixRef<T>& A, const ConstMatrixRef<T>& B,
                              const PackedMatrix* packed, Index j0, Index n, MatrixRef<T> C,
                              GemmScratch<T>& scratch) {
+  // Every check on every path (whatever the level, and whether packed is used there).
+  if (j0 < 0 || n < 0 || j0 + n > B.cols())
+    throw ShapeError("gemm: columns [" + std::to_string(j0) + ", " + std::to_string(j0 + n) +
+                     ") outside B's " + std::to_string(B.cols()));
+  detail::check_gemm_shapes(A.rows(), A.cols(), B.rows(), n, C.rows(), C.cols());
+  if (packed != nullptr) {
+    if (packed->rows() != B.rows() || packed->cols() != B.cols())
+      throw ShapeError("packed weight: expected shape " +
+                       detail::shape_string({B.rows(), B.cols()}) + ", got " +
+                       detail::shape_string({packed->rows(), packed->cols()}));
+    if (j0 % kernels::kPanelCols != 0)
+      throw ShapeError("packed weight: expected a first column that is a multiple of 32, got " +
+                       std::to_string(j0));
+  }
   if constexpr (std::is_same<T, float>::value) {
     const kernels::FloatKernels* k = detail::vector_kernels<T>();
     if (packed != nullptr && k != nullptr) {
-      if (packed->rows() != B.rows() || packed->cols() != B.cols())
-        throw ShapeError("packed weight: expected shape " +
-                         detail::shape_string({B.rows(), B.cols()}) + ", got " +
-                         detail::shape_string({packed->rows(), packed->cols()}));
-      detail::check_gemm_shapes(A.rows(), A.cols(), B.rows(), n, C.rows(), C.cols());
-      if (j0 < 0 || j0 + n > B.cols())
-        throw ShapeError("gemm: columns [" + std::to_string(j0) + ", " + std::to_string(j0 + n) +
-                         ") outside B's " + std::to_string(B.cols()));
       if (detail::overlaps(C, A)) throw ShapeError("gemm: the output C overlaps an input");
       if (A.rows() == 0 || n == 0 || A.cols() == 0) return;
       k->gemm_packed(A.rows(), n, A.cols(), A.data(), A.outerStride(), packed->panels_from(j0),

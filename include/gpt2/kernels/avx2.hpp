@@ -290,7 +290,7 @@ GPT2_KERNEL_AVX2 inline void row_times_packed(Index N, Index K, const float* a, 
   if (p < panels) panel_strip<1, true>(p, N, K, a, Bp, c);
 }
 
-// C[M, N] += A[M, K] * B[K, N] with B in the panel layout (gpt2::kernels::pack_panels): no
+// C[M, N] += A[M, K] * B[K, N] with B in the panel layout (gpt2::PackedMatrix, kernels/pack.hpp): no
 // packing. One chain of fused multiply-adds per element of C, k in order, from C's value.
 GPT2_KERNEL_AVX2 inline void gemm_packed(Index M, Index N, Index K, const float* A, Index lda,
                                          const float* Bp, float* C, Index ldc) {

@@ -10,14 +10,15 @@
 //   together, never how one is: a row's result does not depend on the rows computed with it.
 // - row_times_transposed: 16 lane partial sums (lane l adds a[d] b[d] over d = l mod 16, in
 //   order, from +0), then the fixed tree of lane_sums16.
-// - softmax_row: kernels/softmax_spec in dispatch.hpp (x = row * scale, max from -inf, kexp,
-//   16-lane sum reduced by halves, times 1 / sum).
+// - softmax_row: as dispatch.hpp writes it (x = row * scale, max from -inf, kexp, 16-lane sum
+//   reduced by halves, times 1 / sum).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
 #include "gpt2/kernels/cpu.hpp"
+#include "gpt2/kernels/pack.hpp"
 #include "gpt2/types.hpp"
 
 #if GPT2_ATTENTION_X86
@@ -143,6 +144,8 @@ GPT2_KERNEL_AVX512 inline void row_times_packed(Index N, Index K, const float* a
 inline constexpr Index kDepthBlock = 128;  // k per pass: B's [128, 32] panel (16 KB) stays in L1
 inline constexpr Index kRowBlock = 48;     // rows of A per block: A's [48, 128] block in L1
 inline constexpr Index kColBlock = 256;    // columns of B per packed block
+static_assert(kDepthBlock * kColBlock <= kernels::kPackFloats && kTileCols == kernels::kPanelCols,
+              "avx512::gemm packs a block into GemmScratch's buffer, in pack.hpp's panels");
 
 // C[R, cols] += A[R, depth] * B[depth, cols] for one micro-tile: cols <= 32 columns, given by the
 // lane masks m0 (columns 0-15) and m1 (16-31) (Full: all 32, unmasked loads and stores of C). a,
@@ -389,10 +392,11 @@ GPT2_KERNEL_AVX512 inline void softmax_row(float* row, Index n, Index n_keys, fl
   // 1-2. max of x from -inf; any NaN makes it NaN
   __m512 mx = minus_inf;
   __mmask16 nan = 0;
-  for (Index j = 0; j < n; j += 16) {
-    const __m512 x = _mm512_mul_ps(_mm512_mask_loadu_ps(minus_inf, lanes(j, n), row + j), s);
-    nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    mx = _mm512_max_ps(mx, x);
+  for (Index j = 0; j < n; j += 16) {  // lanes past n take no part (whatever the scale's sign)
+    const __mmask16 live = lanes(j, n);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + j), s);
+    nan |= _mm512_mask_cmp_ps_mask(live, x, x, _CMP_UNORD_Q);
+    mx = _mm512_mask_max_ps(mx, live, mx, x);
   }
   const __m512 m = nan ? _mm512_set1_ps(__builtin_nanf("")) : _mm512_set1_ps(_mm512_reduce_max_ps(mx));
   // 3-4. e_j = kexp(x_j - m) stored back; 16 lane sums, in order

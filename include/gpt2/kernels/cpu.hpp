@@ -17,7 +17,7 @@ namespace gpt2::kernels {
 
 // Features seen on this machine. A flag is true only when the CPU has the instructions and the OS
 // saves the registers they use (ymm for AVX2/FMA, zmm and the opmasks for AVX-512, the tile data
-// for AMX, which Linux also gates per process: see the bf16 levels).
+// for AMX, which Linux also gates per process with arch_prctl: for a future bf16 level).
 struct CpuFeatures {
   bool avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;

@@ -9,6 +9,10 @@
 //   avx2     AVX2 + FMA, 256-bit (kernels/avx2.hpp)
 //   avx512   AVX-512 F/BW/DQ/VL, 512-bit (kernels/avx512.hpp)
 //
+// Every translation unit of a program should be compiled with the same -m flags (as for Eigen
+// itself): the linker keeps one copy of each inline kernel, and a copy compiled with -mavx512f
+// could carry AVX-512 instructions into the avx2 level.
+//
 // The level in use is the highest the CPU has, unless forced: by the environment variable
 // GPT2_ATTENTION_ISA=generic|avx2|avx512 (read once, at the first use), or by set_isa() (which wins
 // over the environment). A level the CPU lacks, or an unknown name, is a ConfigError naming the
@@ -16,8 +20,10 @@
 //
 // The float kernels' interface (all row-major; strides in floats; C never overlaps A or B):
 //   gemm(M, N, K, A, lda, B, ldb, C, ldc, pack)      C[M, N] += A[M, K] B[K, N] (B packed per call
-//                                                    into pack: kernels::kPackFloats floats)
-//   gemm_packed(M, N, K, A, lda, Bp, C, ldc)         the same, B in the panel layout (pack.hpp)
+//                                                    into pack: kernels::kPackFloats floats,
+//                                                    64-byte aligned)
+//   gemm_packed(M, N, K, A, lda, Bp, C, ldc)         the same, B in the panel layout (pack.hpp;
+//                                                    Bp 64-byte aligned)
 //   row_times_matrix(N, K, a, B, ldb, c)             c[1, N] += a[1, K] B[K, N]
 //   row_times_packed(N, K, a, Bp, c)                 the same, B in the panel layout
 //   row_times_transposed(N, K, a, B, ldb, c)         c[1, N] = a[1, K] B[N, K]^T (q k^T of a row)
@@ -161,6 +167,10 @@ inline Isa active_isa() {
 // run it). Call it between forwards, not while one runs. Results within one level are bitwise
 // reproducible; across levels they agree within the float32 bar.
 inline void set_isa(Isa isa) {
+  const int level = static_cast<int>(isa);
+  if (level < 0 || level > static_cast<int>(Isa::avx512))
+    throw ConfigError("set_isa: unknown kernel level " + std::to_string(level) +
+                      " (expected one of " + detail::isa_list(detail::all_isas()) + ")");
   if (!isa_supported(isa)) detail::parse_isa(isa_name(isa), "set_isa");  // throws the error
   detail::forced_isa().store(static_cast<int>(isa), std::memory_order_relaxed);
 }

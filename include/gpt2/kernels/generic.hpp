@@ -39,8 +39,9 @@ class GemmScratch {
   GemmScratch(Index max_m, Index max_n, Index max_k) { reserve(max_m, max_n, max_k); }
 
   // Grows the buffers to fit an [max_m, max_k] x [max_k, max_n] product (allocates only when
-  // they grow; a smaller request keeps the current buffers). Strong guarantee: if the allocation
-  // throws, the scratch is unchanged.
+  // they grow; a smaller request keeps the current buffers). If an allocation throws, the scratch
+  // keeps its current buffers and stays usable (the vector levels' buffer, allocated first, may
+  // have been added).
   void reserve(Index max_m, Index max_n, Index max_k) {
     reserve_packed_b();
     if (fits(max_m, max_n, max_k)) return;
@@ -79,9 +80,11 @@ class GemmScratch {
 
  private:
   void reserve_packed_b() {
-    if (std::is_same<T, float>::value && !packed_b_)
-      packed_b_.reset(static_cast<T*>(::operator new(
-          static_cast<std::size_t>(kernels::kPackFloats) * sizeof(T), std::align_val_t(64))));
+    if constexpr (std::is_same<T, float>::value) {
+      if (!packed_b_)
+        packed_b_.reset(static_cast<T*>(::operator new(
+            static_cast<std::size_t>(kernels::kPackFloats) * sizeof(T), std::align_val_t(64))));
+    }
   }
 
   struct AlignedDelete {
