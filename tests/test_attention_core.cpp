@@ -187,6 +187,10 @@ TEST_P(CoreKernels, TileMatchesEmulation) {
   for (Index hd : {64, 1, 5, 8, 15, 16, 17, 31, 33, 48, 63, 65, 100, 128, 130})
     for (Index rows : {1, 2, 3, 4, 5, 6, 7, 13, 64})
       for (Index first_pos : {0, 1, 63, 64, 65, 130}) check_tile(k(), {rows, first_pos, hd, 0}, seed++);
+  for (Index first_pos : {127, 191, 255, 256, 300, 511, 700, 1023})  // decode: blocks in groups
+    check_tile(k(), {1, first_pos, 64, 0}, seed++);
+  check_tile(k(), {1, 700, 33, 0}, seed++);
+  check_tile(k(), {1, 700, 100, 32}, seed++);
   for (Index page_rows : {16, 32, 48})
     for (Index first_pos : {0, 15, 16, 200})
       for (Index rows : {1, 7, 64}) check_tile(k(), {rows, first_pos, 64, page_rows}, seed++);

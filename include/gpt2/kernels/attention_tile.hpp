@@ -41,6 +41,7 @@ namespace gpt2::kernels {
 inline constexpr Index kKeyBlock = 64;      // keys per block; blocks start at multiples of it
 inline constexpr Index kTileMaxRows = 64;   // query rows per tile at most
 inline constexpr Index kPageRowsAlign = 16; // page_rows: a multiple of this (or one page)
+inline constexpr Index kDecodeBlocks = 2;   // key blocks a one-row tile may work on at once
 
 // One tile's arguments. Key row j (0 <= j < first_pos + rows) is
 //   key_pages[j / page_rows] + (j % page_rows) * key_stride    (head_dim contiguous scalars)
@@ -66,14 +67,15 @@ struct AttentionTile {
 // head_dim rounded up to a multiple of 16 (the width of one row of qs and o in the scratch).
 inline Index padded_head_dim(Index head_dim) { return (head_dim + 15) / 16 * 16; }
 
-// Scratch of one tile: qs and o [kTileMaxRows, padded], qs^T [padded, kTileMaxRows], k^T of a block [padded, kKeyBlock], the
+// Scratch of one tile: qs and o [kTileMaxRows, padded], qs^T [padded, kTileMaxRows], k^T of up to
+// kDecodeBlocks blocks [padded, kKeyBlock] each, the
 // block's values [kKeyBlock, padded], its p [kTileMaxRows, kKeyBlock], and five per-row scalars
 // (m, z, l, a, c), rounded up.
 template <class T>
 Index attention_scratch_size(Index head_dim) {
   const Index hdp = padded_head_dim(head_dim);
-  return 3 * kTileMaxRows * hdp + 2 * hdp * kKeyBlock + kTileMaxRows * kKeyBlock +
-         8 * kTileMaxRows;
+  return 3 * kTileMaxRows * hdp + (kDecodeBlocks + 1) * hdp * kKeyBlock +
+         kTileMaxRows * kKeyBlock + 8 * kTileMaxRows;
 }
 
 // Where the scratch's parts start (each a multiple of 16 scalars from the base).
@@ -82,7 +84,7 @@ struct TileScratch {
   T* qs;     // [kTileMaxRows, hdp]
   T* o;      // [kTileMaxRows, hdp]
   T* qt;     // [hdp, kTileMaxRows] qs transposed (the vector levels' row-vector path)
-  T* kt;     // [hdp, kKeyBlock]
+  T* kt;     // [kDecodeBlocks][hdp, kKeyBlock] (k^T of up to kDecodeBlocks blocks)
   T* vb;     // [kKeyBlock, hdp] the block's values, rows 64-byte aligned
   T* p;      // [kTileMaxRows, kKeyBlock] (or [kKeyBlock, kTileMaxRows]: the row-vector path)
   T* m;      // [kTileMaxRows] running max
@@ -96,7 +98,7 @@ struct TileScratch {
     o = qs + kTileMaxRows * hdp;
     qt = o + kTileMaxRows * hdp;
     kt = qt + hdp * kTileMaxRows;
-    vb = kt + hdp * kKeyBlock;
+    vb = kt + kDecodeBlocks * hdp * kKeyBlock;
     p = vb + kKeyBlock * hdp;
     m = p + kTileMaxRows * kKeyBlock;
     z = m + kTileMaxRows;

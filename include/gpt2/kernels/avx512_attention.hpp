@@ -174,11 +174,13 @@ GPT2_KERNEL_AVX512 inline void score_rows(Index r, Index b0, const AttentionTile
 // sees, for R rows (their key counts n[i] do not decrease with i).
 template <int R, int V>
 GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kValueRows],
-                                          const AttentionTile<float>& t, TileScratch<float>& ts,
-                                          Index prs, Index pks) {
+                                          const float* const* vrow, const AttentionTile<float>& t,
+                                          TileScratch<float>& ts, Index prs, Index pks) {
   const Index hdp = padded_head_dim(t.head_dim);
-  const float* vb = ts.vb + d0;
+  __mmask16 dm[V];
   __m512 acc[R][V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) dm[v] = lanes(d0 + 16 * v, t.head_dim);
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
@@ -188,7 +190,7 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
   for (; j < n[0]; ++j) {  // keys every row of the group sees
     __m512 vv[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) vv[v] = _mm512_load_ps(vb + j * hdp + 16 * v);
+    for (int v = 0; v < V; ++v) vv[v] = _mm512_maskz_loadu_ps(dm[v], vrow[j] + d0 + 16 * v);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const __m512 pj = _mm512_set1_ps(p[i * prs + j * pks]);
@@ -202,7 +204,8 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
       const __m512 pj = _mm512_set1_ps(p[i * prs + jj * pks]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_load_ps(vb + jj * hdp + 16 * v), acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[jj] + d0 + 16 * v),
+                                    acc[i][v]);
     }
   }
 #pragma GCC unroll 8
@@ -219,21 +222,127 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
 // p of row i, key j at ts.p[i * prs + j * pks] (the per-row layout: prs = kKeyBlock, pks = 1;
 // the row-vector one: prs = 1, pks = kTileMaxRows).
 template <int R>
-GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const AttentionTile<float>& t,
+GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const float* const* vrow,
+                                              const AttentionTile<float>& t,
                                               TileScratch<float>& ts, Index prs, Index pks) {
   Index n[kValueRows] = {};
   for (int i = 0; i < R; ++i) n[i] = visible_in_block(t.first_pos + r + i, b0);
   Index d0 = 0;
-  for (; d0 + 64 <= t.head_dim; d0 += 64) value_rows<R, 4>(r, d0, n, t, ts, prs, pks);
+  for (; d0 + 64 <= t.head_dim; d0 += 64) value_rows<R, 4>(r, d0, n, vrow, t, ts, prs, pks);
   const Index rest = t.head_dim - d0;
   if (rest > 48)
-    value_rows<R, 4>(r, d0, n, t, ts, prs, pks);
+    value_rows<R, 4>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 32)
-    value_rows<R, 3>(r, d0, n, t, ts, prs, pks);
+    value_rows<R, 3>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 16)
-    value_rows<R, 2>(r, d0, n, t, ts, prs, pks);
+    value_rows<R, 2>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 0)
-    value_rows<R, 1>(r, d0, n, t, ts, prs, pks);
+    value_rows<R, 1>(r, d0, n, vrow, t, ts, prs, pks);
+}
+
+// ---- one query row (a decode step): NB key blocks at once ---------------------------------
+// A row's chains (its scores over d, its p v over the keys) are 64 fused multiply-adds deep per
+// block: one block at a time, their latency bounds the step. NB blocks' chains are independent and
+// run interleaved here; the block softmaxes and the merges still follow the blocks in order, so the
+// bits are the per-block path's.
+
+// o[d0 .. d0 + 16 V) merged with the p v of NB blocks (values vrow[i][j], keys n[i]; only the last
+// block may be partial).
+template <int NB, int V>
+GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeBlocks],
+                                             const float* const (&vrow)[kDecodeBlocks][kKeyBlock],
+                                             const AttentionTile<float>& t,
+                                             TileScratch<float>& ts) {
+  __mmask16 dm[V];
+  __m512 acc[NB][V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) dm[v] = lanes(d0 + 16 * v, t.head_dim);
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
+  Index j = 0;
+  for (; j < n[NB - 1]; ++j)
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) {
+      const __m512 pj = _mm512_set1_ps(ts.p[i * kKeyBlock + j]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[i][j] + d0 + 16 * v),
+                                    acc[i][v]);
+    }
+  for (; j < kKeyBlock; ++j)  // the full blocks' last keys (the last block is partial)
+#pragma GCC unroll 4
+    for (int i = 0; i + 1 < NB; ++i) {
+      const __m512 pj = _mm512_set1_ps(ts.p[i * kKeyBlock + j]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[i][j] + d0 + 16 * v),
+                                    acc[i][v]);
+    }
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) {
+    __m512 o = _mm512_load_ps(ts.o + d0 + 16 * v);
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i)
+      o = _mm512_fmadd_ps(acc[i][v], _mm512_set1_ps(ts.c[i]),
+                          _mm512_mul_ps(o, _mm512_set1_ps(ts.a[i])));
+    _mm512_store_ps(ts.o + d0 + 16 * v, o);
+  }
+}
+
+// The one row of the tile (position t.first_pos) over NB blocks from b0.
+template <int NB>
+GPT2_KERNEL_AVX512 inline void decode_blocks(Index b0, const AttentionTile<float>& t,
+                                             TileScratch<float>& ts) {
+  const Index hd = t.head_dim, hdp = padded_head_dim(hd);
+  Index n[kDecodeBlocks] = {};
+  const float* krow[kKeyBlock];
+  const float* vrow[kDecodeBlocks][kKeyBlock];
+  for (int i = 0; i < NB; ++i) {
+    const Index bi = b0 + i * kKeyBlock;
+    n[i] = visible_in_block(t.first_pos, bi);
+    page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, bi, n[i], krow);
+    pack_keys_t(krow, n[i], hd, ts.kt + i * hdp * kKeyBlock);
+    page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, bi, n[i], vrow[i]);
+  }
+  __m512 acc[NB][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (Index d = 0; d < hd; ++d) {
+    const __m512 qd = _mm512_set1_ps(ts.qs[d]);
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) {
+      const float* kd = ts.kt + i * hdp * kKeyBlock + d * kKeyBlock;
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v)
+        acc[i][v] = _mm512_fmadd_ps(qd, _mm512_load_ps(kd + 16 * v), acc[i][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_store_ps(ts.p + i * kKeyBlock + 16 * v, acc[i][v]);
+  for (int i = 0; i < NB; ++i) {  // in order: each merge needs the one before
+    TileScratch<float> block = ts;
+    block.p = ts.p + i * kKeyBlock;
+    block.a = ts.a + i;
+    block.c = ts.c + i;
+    block_softmax(n[i], 0, block);
+  }
+  Index d0 = 0;
+  for (; d0 + 64 <= hd; d0 += 64) decode_values<NB, 4>(d0, n, vrow, t, ts);
+  const Index rest = hd - d0;
+  if (rest > 48)
+    decode_values<NB, 4>(d0, n, vrow, t, ts);
+  else if (rest > 32)
+    decode_values<NB, 3>(d0, n, vrow, t, ts);
+  else if (rest > 16)
+    decode_values<NB, 2>(d0, n, vrow, t, ts);
+  else if (rest > 0)
+    decode_values<NB, 1>(d0, n, vrow, t, ts);
 }
 
 // ---- the row-vector path: 16 rows in the lanes ----------------------------------------------
@@ -386,19 +495,33 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     ts.z[r] = 0.0f;
     ts.l[r] = 0.0f;
   }
+  if (nb == 1) {  // a decode step: kDecodeBlocks blocks at a time
+    const Index blocks = t.first_pos / kKeyBlock + 1;
+    Index b = 0;
+    for (; b + kDecodeBlocks <= blocks; b += kDecodeBlocks)
+      decode_blocks<kDecodeBlocks>(b * kKeyBlock, t, ts);
+    static_assert(kDecodeBlocks == 2, "the remainder below is one block");
+    if (b < blocks) decode_blocks<1>(b * kKeyBlock, t, ts);
+    const __m512 l = _mm512_set1_ps(ts.l[0]);
+    for (Index d0 = 0; d0 < hd; d0 += 16)
+      _mm512_mask_storeu_ps(t.out + d0, lanes(d0, hd), _mm512_div_ps(_mm512_load_ps(ts.o + d0), l));
+    return;
+  }
   const bool row_vectors = nb >= 16 && t.first_pos + nb < (Index(1) << 30);
   if (row_vectors) transpose_queries(nb, t, ts);
   const Index last = t.first_pos + nb - 1;
   const float* krow[kKeyBlock];
   const float* vrow[kKeyBlock];
+  const float* vpacked[kKeyBlock];
+  for (Index j = 0; j < kKeyBlock; ++j) vpacked[j] = ts.vb + j * hdp;
   for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
     const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
     page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
     page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
-    pack_values(vrow, n_blk, hd, ts.vb);
     const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
     Index r = r_begin;
     if (row_vectors && nb - r_begin >= 16) {  // 16 rows or more see this block: rows in lanes
+      pack_values(vrow, n_blk, hd, ts.vb);
       const Index groups = (nb + 15) / 16;
       switch (groups) {
         case 4: scores_t_block<4>(n_blk, krow, t, ts); break;
@@ -408,13 +531,13 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
       }
       for (Index g = r_begin / 16; g < groups; ++g) block_softmax16(g, b0, n_blk, r_begin, nb, t, ts);
       for (; r + kValueRows <= nb; r += kValueRows)
-        value_rows_all<kValueRows>(r, b0, t, ts, 1, kTileMaxRows);
+        value_rows_all<kValueRows>(r, b0, vpacked, t, ts, 1, kTileMaxRows);
       switch (nb - r) {
-        case 5: value_rows_all<5>(r, b0, t, ts, 1, kTileMaxRows); break;
-        case 4: value_rows_all<4>(r, b0, t, ts, 1, kTileMaxRows); break;
-        case 3: value_rows_all<3>(r, b0, t, ts, 1, kTileMaxRows); break;
-        case 2: value_rows_all<2>(r, b0, t, ts, 1, kTileMaxRows); break;
-        case 1: value_rows_all<1>(r, b0, t, ts, 1, kTileMaxRows); break;
+        case 5: value_rows_all<5>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 4: value_rows_all<4>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 3: value_rows_all<3>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 2: value_rows_all<2>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 1: value_rows_all<1>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
         default: break;
       }
       continue;
@@ -431,13 +554,13 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     }
     r = r_begin;
     for (; r + kValueRows <= nb; r += kValueRows)
-      value_rows_all<kValueRows>(r, b0, t, ts, kKeyBlock, 1);
+      value_rows_all<kValueRows>(r, b0, vrow, t, ts, kKeyBlock, 1);
     switch (nb - r) {
-      case 5: value_rows_all<5>(r, b0, t, ts, kKeyBlock, 1); break;
-      case 4: value_rows_all<4>(r, b0, t, ts, kKeyBlock, 1); break;
-      case 3: value_rows_all<3>(r, b0, t, ts, kKeyBlock, 1); break;
-      case 2: value_rows_all<2>(r, b0, t, ts, kKeyBlock, 1); break;
-      case 1: value_rows_all<1>(r, b0, t, ts, kKeyBlock, 1); break;
+      case 5: value_rows_all<5>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 4: value_rows_all<4>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 3: value_rows_all<3>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 2: value_rows_all<2>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 1: value_rows_all<1>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
       default: break;
     }
   }
