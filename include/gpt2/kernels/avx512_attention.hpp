@@ -351,10 +351,32 @@ GPT2_KERNEL_AVX512 inline void decode_blocks(Index b0, const AttentionTile<float
 // arithmetic is the per-row path's (the same chains, maxima, exps, sums and merges, lane by lane),
 // so both give the same bits; only the work is laid out differently.
 
-// st[j][0 .. 16 G) = the scores of key j0 + jj (jj < J) against rows 0 .. 16 G - 1 (qs^T in qt).
+// The block's running maxima of its visible scores, per row vector (16 rows), and whether one of
+// them is NaN: gathered while the scores come out of the registers.
+struct BlockMax {
+  __m512 mx[kTileMaxRows / 16];
+  __mmask16 nan[kTileMaxRows / 16];
+};
+
+// Rows [ra, nb) of row vector g (rows 16 g ..) as a lane mask.
+GPT2_KERNEL_AVX512 inline __mmask16 active_rows(Index g, Index ra, Index nb) {
+  return static_cast<__mmask16>(lanes(16 * g, nb) & ~lanes(16 * g, ra));
+}
+
+// Row r - 16 g minus b0 plus the position of row 16 g, lane by lane: lane r sees key b0 + j iff
+// its value is >= j.
+GPT2_KERNEL_AVX512 inline __m512i relative_positions(Index g, Index b0,
+                                                      const AttentionTile<float>& t) {
+  return _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(t.first_pos + 16 * g - b0)),
+                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+// st[j][row0 .. row0 + 16 G) = the scores of key j0 + jj (jj < J) against rows row0 .. row0 +
+// 16 G - 1 (qs^T in qt), and their visible ones (rows in [ra, nb)) into bm.
 template <int J, int G>
-GPT2_KERNEL_AVX512 inline void scores_t(Index j0, const float* const* krow,
-                                        const AttentionTile<float>& t, TileScratch<float>& ts) {
+GPT2_KERNEL_AVX512 inline void scores_t(Index row0, Index j0, Index b0, Index ra, Index nb,
+                                        const float* const* krow, const AttentionTile<float>& t,
+                                        TileScratch<float>& ts, BlockMax& bm) {
   __m512 acc[J][G];
 #pragma GCC unroll 8
   for (int jj = 0; jj < J; ++jj)
@@ -366,7 +388,7 @@ GPT2_KERNEL_AVX512 inline void scores_t(Index j0, const float* const* krow,
   for (Index d = 0; d < t.head_dim; ++d) {
     __m512 qv[G];
 #pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) qv[g] = _mm512_load_ps(ts.qt + d * kTileMaxRows + 16 * g);
+    for (int g = 0; g < G; ++g) qv[g] = _mm512_load_ps(ts.qt + d * kTileMaxRows + row0 + 16 * g);
 #pragma GCC unroll 8
     for (int jj = 0; jj < J; ++jj) {
       const __m512 kd = _mm512_set1_ps(k[jj][d]);
@@ -378,48 +400,79 @@ GPT2_KERNEL_AVX512 inline void scores_t(Index j0, const float* const* krow,
   for (int jj = 0; jj < J; ++jj)
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g)
-      _mm512_store_ps(ts.p + (j0 + jj) * kTileMaxRows + 16 * g, acc[jj][g]);
+      _mm512_store_ps(ts.p + (j0 + jj) * kTileMaxRows + row0 + 16 * g, acc[jj][g]);
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const Index gg = row0 / 16 + g;
+    const __mmask16 active = active_rows(gg, ra, nb);
+    const __m512i rel = relative_positions(gg, b0, t);
+    __m512 mx = bm.mx[gg];
+    __mmask16 nan = bm.nan[gg];
+#pragma GCC unroll 8
+    for (int jj = 0; jj < J; ++jj) {
+      const __mmask16 vis =
+          active & _mm512_cmp_epi32_mask(rel, _mm512_set1_epi32(static_cast<int>(j0 + jj)),
+                                         _MM_CMPINT_NLT);
+      nan |= _mm512_mask_cmp_ps_mask(vis, acc[jj][g], acc[jj][g], _CMP_UNORD_Q);
+      mx = _mm512_mask_max_ps(mx, vis, mx, acc[jj][g]);
+    }
+    bm.mx[gg] = mx;
+    bm.nan[gg] = nan;
+  }
 }
 
-template <int G>
-GPT2_KERNEL_AVX512 inline void scores_t_block(Index n_blk, const float* const* krow,
-                                              const AttentionTile<float>& t,
-                                              TileScratch<float>& ts) {
-  Index j = 0;
-  for (; j + 6 <= n_blk; j += 6) scores_t<6, G>(j, krow, t, ts);
-  switch (n_blk - j) {
-    case 5: scores_t<5, G>(j, krow, t, ts); break;
-    case 4: scores_t<4, G>(j, krow, t, ts); break;
-    case 3: scores_t<3, G>(j, krow, t, ts); break;
-    case 2: scores_t<2, G>(j, krow, t, ts); break;
-    case 1: scores_t<1, G>(j, krow, t, ts); break;
+template <int J>
+GPT2_KERNEL_AVX512 inline void scores_t_rows(int g, Index row0, Index j0, Index b0, Index ra,
+                                             Index nb, const float* const* krow,
+                                             const AttentionTile<float>& t,
+                                             TileScratch<float>& ts, BlockMax& bm) {
+  switch (g) {
+    case 4: scores_t<J, 4>(row0, j0, b0, ra, nb, krow, t, ts, bm); break;
+    case 3: scores_t<J, 3>(row0, j0, b0, ra, nb, krow, t, ts, bm); break;
+    case 2: scores_t<J, 2>(row0, j0, b0, ra, nb, krow, t, ts, bm); break;
+    case 1: scores_t<J, 1>(row0, j0, b0, ra, nb, krow, t, ts, bm); break;
     default: break;
+  }
+}
+
+// The block's transposed scores for row vectors 0 .. groups - 1, key groups of 6; a row vector
+// none of whose rows sees any key of a group (past the diagonal) is skipped: its scores there are
+// never read.
+GPT2_KERNEL_AVX512 inline void scores_t_block(Index groups, Index b0, Index n_blk, Index ra,
+                                              Index nb, const float* const* krow,
+                                              const AttentionTile<float>& t,
+                                              TileScratch<float>& ts, BlockMax& bm) {
+  for (Index g = 0; g < groups; ++g) {
+    bm.mx[g] = _mm512_set1_ps(-__builtin_inff());
+    bm.nan[g] = 0;
+  }
+  for (Index j = 0; j < n_blk; j += 6) {
+    // row r sees key b0 + j iff first_pos + r >= b0 + j: row vectors from g_lo on have such rows
+    const Index first_row = std::max<Index>(0, b0 + j - t.first_pos);
+    const Index g_lo = std::min(groups, first_row / 16);
+    const int g = static_cast<int>(groups - g_lo);
+    switch (std::min<Index>(6, n_blk - j)) {
+      case 6: scores_t_rows<6>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      case 5: scores_t_rows<5>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      case 4: scores_t_rows<4>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      case 3: scores_t_rows<3>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      case 2: scores_t_rows<2>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      default: scores_t_rows<1>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+    }
   }
 }
 
 // The block softmax of rows 16 g .. 16 g + 15 (those in [ra, nb) take part) on their transposed
 // scores: p replaces them, and the rows' m, z, l, a, c are updated (block_softmax's steps).
 GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax16(
-    Index g, Index b0, Index n_blk, Index ra, Index nb, const AttentionTile<float>& t,
-    TileScratch<float>& ts) {
+    Index g, Index b0, Index n_blk, Index ra, Index nb, const BlockMax& bm,
+    const AttentionTile<float>& t, TileScratch<float>& ts) {
   const __m512 minus_inf = _mm512_set1_ps(-__builtin_inff()), zero = _mm512_setzero_ps();
   const __m512 nan_v = _mm512_set1_ps(__builtin_nanf(""));
-  const __mmask16 active = static_cast<__mmask16>(lanes(16 * g, nb) & ~lanes(16 * g, ra));
-  // row positions minus b0: row sees key b0 + j iff j <= pos - b0
-  const __m512i rel = _mm512_add_epi32(
-      _mm512_set1_epi32(static_cast<int>(t.first_pos + 16 * g - b0)),
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __mmask16 active = active_rows(g, ra, nb);
+  const __m512i rel = relative_positions(g, b0, t);  // lane r sees key b0 + j iff rel >= j
   float* st = ts.p + 16 * g;
-  __m512 mx = minus_inf;
-  __mmask16 nan = 0;
-  for (Index j = 0; j < n_blk; ++j) {
-    const __mmask16 vis = active & _mm512_cmp_epi32_mask(
-                                       rel, _mm512_set1_epi32(static_cast<int>(j)), _MM_CMPINT_NLT);
-    const __m512 x = _mm512_load_ps(st + j * kTileMaxRows);
-    nan |= _mm512_mask_cmp_ps_mask(vis, x, x, _CMP_UNORD_Q);
-    mx = _mm512_mask_max_ps(mx, vis, mx, x);
-  }
-  const __m512 mb = _mm512_mask_mov_ps(mx, nan, nan_v);
+  const __m512 mb = _mm512_mask_mov_ps(bm.mx[g], bm.nan[g], nan_v);
   const __m512 zb = _mm512_mask_mov_ps(mb, _mm512_cmp_ps_mask(mb, minus_inf, _CMP_EQ_OQ), zero);
   __m512 lane_sum[16];
 #pragma GCC unroll 16
@@ -523,13 +576,10 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     if (row_vectors && nb - r_begin >= 16) {  // 16 rows or more see this block: rows in lanes
       pack_values(vrow, n_blk, hd, ts.vb);
       const Index groups = (nb + 15) / 16;
-      switch (groups) {
-        case 4: scores_t_block<4>(n_blk, krow, t, ts); break;
-        case 3: scores_t_block<3>(n_blk, krow, t, ts); break;
-        case 2: scores_t_block<2>(n_blk, krow, t, ts); break;
-        default: scores_t_block<1>(n_blk, krow, t, ts); break;
-      }
-      for (Index g = r_begin / 16; g < groups; ++g) block_softmax16(g, b0, n_blk, r_begin, nb, t, ts);
+      BlockMax bm;
+      scores_t_block(groups, b0, n_blk, r_begin, nb, krow, t, ts, bm);
+      for (Index g = r_begin / 16; g < groups; ++g)
+        block_softmax16(g, b0, n_blk, r_begin, nb, bm, t, ts);
       for (; r + kValueRows <= nb; r += kValueRows)
         value_rows_all<kValueRows>(r, b0, vpacked, t, ts, 1, kTileMaxRows);
       switch (nb - r) {
