@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/avx512.hpp"
@@ -100,10 +101,9 @@ GPT2_KERNEL_AVX512 inline float kexp1(float x) {
 // probabilities, then the merge factors a and c, and the running m, z, l updated
 // (attention_tile.hpp's steps). Not inlined: its constants would take registers from the score
 // loop (measured: an accumulator spilled there).
-GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax(Index n, Index r,
-                                                                       TileScratch<float>& ts) {
+GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_stats(Index n, float* p,
+                                                                     float* stats) {
   const float minus_inf = -__builtin_inff();
-  float* p = ts.p + r * kKeyBlock;
   __mmask16 live[4], nan = 0;
   __m512 s[4];
   __m512 mx = _mm512_set1_ps(minus_inf);
@@ -124,7 +124,16 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax(Index n, 
     _mm512_store_ps(p + 16 * v, e);
     sum = _mm512_add_ps(sum, e);
   }
-  const float lb = sum_by_halves(sum);
+  stats[0] = mb;
+  stats[1] = zb;
+  stats[2] = sum_by_halves(sum);
+}
+
+// Row r's running m, z, l merged with a block's statistics (m_b, z_b, l_b); the factors a and c of
+// the merge kept in ts.a[r], ts.c[r] for its o.
+GPT2_KERNEL_AVX512 inline void merge_stats(Index r, float mb, float zb, float lb,
+                                           TileScratch<float>& ts) {
+  const float minus_inf = -__builtin_inff();
   const float m_old = ts.m[r];
   const float m_new = (m_old != m_old || mb != mb) ? __builtin_nanf("") : std::max(m_old, mb);
   const float z_new = m_new == minus_inf ? 0.0f : m_new;
@@ -136,6 +145,23 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax(Index n, 
   ts.z[r] = z_new;
   ts.a[r] = a;
   ts.c[r] = c;
+}
+
+GPT2_KERNEL_AVX512 inline void block_softmax(Index n, Index r, TileScratch<float>& ts) {
+  float stats[3];
+  block_stats(n, ts.p + r * kKeyBlock, stats);
+  merge_stats(r, stats[0], stats[1], stats[2], ts);
+}
+
+// Row 0's running state merged with a partial (attention_tile.hpp's layout).
+GPT2_KERNEL_AVX512 inline void fold_partial(const float* part, Index head_dim,
+                                            TileScratch<float>& ts) {
+  merge_stats(0, part[0], part[1], part[2], ts);
+  const __m512 a = _mm512_set1_ps(ts.a[0]), c = _mm512_set1_ps(ts.c[0]);
+  const float* ob = part + kPartialHeader;
+  for (Index d0 = 0; d0 < head_dim; d0 += 16)
+    _mm512_store_ps(ts.o + d0, _mm512_fmadd_ps(_mm512_load_ps(ob + d0), c,
+                                               _mm512_mul_ps(_mm512_load_ps(ts.o + d0), a)));
 }
 
 // Scores of rows r .. r + R - 1 against the packed block (kt), stored raw in p, then each row's
@@ -252,7 +278,7 @@ template <int NB, int V>
 GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeBlocks],
                                              const float* const (&vrow)[kDecodeBlocks][kKeyBlock],
                                              const AttentionTile<float>& t,
-                                             TileScratch<float>& ts) {
+                                             TileScratch<float>& ts, float* parts) {
   __mmask16 dm[V];
   __m512 acc[NB][V];
 #pragma GCC unroll 4
@@ -280,21 +306,19 @@ GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeB
         acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[i][j] + d0 + 16 * v),
                                     acc[i][v]);
     }
+  const Index stride = partial_stride(t.head_dim);
 #pragma GCC unroll 4
-  for (int v = 0; v < V; ++v) {
-    __m512 o = _mm512_load_ps(ts.o + d0 + 16 * v);
+  for (int i = 0; i < NB; ++i)
 #pragma GCC unroll 4
-    for (int i = 0; i < NB; ++i)
-      o = _mm512_fmadd_ps(acc[i][v], _mm512_set1_ps(ts.c[i]),
-                          _mm512_mul_ps(o, _mm512_set1_ps(ts.a[i])));
-    _mm512_store_ps(ts.o + d0 + 16 * v, o);
-  }
+    for (int v = 0; v < V; ++v)
+      _mm512_store_ps(parts + i * stride + kPartialHeader + d0 + 16 * v, acc[i][v]);
 }
 
-// The one row of the tile (position t.first_pos) over NB blocks from b0.
+// The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
+// (partial_stride apart).
 template <int NB>
-GPT2_KERNEL_AVX512 inline void decode_blocks(Index b0, const AttentionTile<float>& t,
-                                             TileScratch<float>& ts) {
+GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, const AttentionTile<float>& t,
+                                               TileScratch<float>& ts, float* parts) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd);
   Index n[kDecodeBlocks] = {};
   const float* krow[kKeyBlock];
@@ -325,24 +349,65 @@ GPT2_KERNEL_AVX512 inline void decode_blocks(Index b0, const AttentionTile<float
   for (int i = 0; i < NB; ++i)
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) _mm512_store_ps(ts.p + i * kKeyBlock + 16 * v, acc[i][v]);
-  for (int i = 0; i < NB; ++i) {  // in order: each merge needs the one before
-    TileScratch<float> block = ts;
-    block.p = ts.p + i * kKeyBlock;
-    block.a = ts.a + i;
-    block.c = ts.c + i;
-    block_softmax(n[i], 0, block);
-  }
+  const Index stride = partial_stride(hd);
+  for (int i = 0; i < NB; ++i) block_stats(n[i], ts.p + i * kKeyBlock, parts + i * stride);
   Index d0 = 0;
-  for (; d0 + 64 <= hd; d0 += 64) decode_values<NB, 4>(d0, n, vrow, t, ts);
+  for (; d0 + 64 <= hd; d0 += 64) decode_values<NB, 4>(d0, n, vrow, t, ts, parts);
   const Index rest = hd - d0;
   if (rest > 48)
-    decode_values<NB, 4>(d0, n, vrow, t, ts);
+    decode_values<NB, 4>(d0, n, vrow, t, ts, parts);
   else if (rest > 32)
-    decode_values<NB, 3>(d0, n, vrow, t, ts);
+    decode_values<NB, 3>(d0, n, vrow, t, ts, parts);
   else if (rest > 16)
-    decode_values<NB, 2>(d0, n, vrow, t, ts);
+    decode_values<NB, 2>(d0, n, vrow, t, ts, parts);
   else if (rest > 0)
-    decode_values<NB, 1>(d0, n, vrow, t, ts);
+    decode_values<NB, 1>(d0, n, vrow, t, ts, parts);
+  // (the stores cover o_b's padded width: its lanes past head_dim hold zeros, the values' masked
+  // lanes)
+}
+
+// row 0's q scaled into qs (rounded on its own), its o zeroed, its state at the start.
+GPT2_KERNEL_AVX512 inline void init_row(const AttentionTile<float>& t, TileScratch<float>& ts) {
+  const Index hd = t.head_dim, hdp = padded_head_dim(hd);
+  const __m512 scale = _mm512_set1_ps(t.scale);
+  for (Index d0 = 0; d0 < hdp; d0 += 16) {
+    const __mmask16 dm = lanes(d0, hd);
+    _mm512_store_ps(ts.qs + d0,
+                    _mm512_maskz_mul_round_ps(dm, _mm512_maskz_loadu_ps(dm, t.q + d0), scale,
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm512_store_ps(ts.o + d0, _mm512_setzero_ps());
+  }
+  ts.m[0] = -__builtin_inff();
+  ts.z[0] = 0.0f;
+  ts.l[0] = 0.0f;
+}
+
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
+GPT2_KERNEL_AVX512 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
+                                            Index block_end, float* parts) {
+  TileScratch<float> ts(t.scratch, t.head_dim);
+  init_row(t, ts);
+  const Index stride = partial_stride(t.head_dim);
+  Index b = block_begin;
+  for (; b + kDecodeBlocks <= block_end; b += kDecodeBlocks)
+    decode_partials<kDecodeBlocks>(b * kKeyBlock, t, ts, parts + (b - block_begin) * stride);
+  static_assert(kDecodeBlocks == 2, "the remainder below is one block");
+  if (b < block_end) decode_partials<1>(b * kKeyBlock, t, ts, parts + (b - block_begin) * stride);
+}
+
+// The tile's one row from its n_blocks partials (blocks 0 .., merged in order): t.out.
+GPT2_KERNEL_AVX512 inline void merge_row_partials(const AttentionTile<float>& t, Index n_blocks,
+                                                  const float* parts) {
+  TileScratch<float> ts(t.scratch, t.head_dim);
+  for (Index d0 = 0; d0 < padded_head_dim(t.head_dim); d0 += 16) _mm512_store_ps(ts.o + d0, _mm512_setzero_ps());
+  ts.m[0] = -std::numeric_limits<float>::infinity();
+  ts.z[0] = 0.0f;
+  ts.l[0] = 0.0f;
+  for (Index b = 0; b < n_blocks; ++b) fold_partial(parts + b * partial_stride(t.head_dim), t.head_dim, ts);
+  const __m512 l = _mm512_set1_ps(ts.l[0]);
+  for (Index d0 = 0; d0 < t.head_dim; d0 += 16)
+    _mm512_mask_storeu_ps(t.out + d0, lanes(d0, t.head_dim),
+                          _mm512_div_ps(_mm512_load_ps(ts.o + d0), l));
 }
 
 // ---- the row-vector path: 16 rows in the lanes ----------------------------------------------
@@ -548,13 +613,17 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     ts.z[r] = 0.0f;
     ts.l[r] = 0.0f;
   }
-  if (nb == 1) {  // a decode step: kDecodeBlocks blocks at a time
-    const Index blocks = t.first_pos / kKeyBlock + 1;
-    Index b = 0;
-    for (; b + kDecodeBlocks <= blocks; b += kDecodeBlocks)
-      decode_blocks<kDecodeBlocks>(b * kKeyBlock, t, ts);
-    static_assert(kDecodeBlocks == 2, "the remainder below is one block");
-    if (b < blocks) decode_blocks<1>(b * kKeyBlock, t, ts);
+  if (nb == 1) {  // a decode step: kDecodeBlocks blocks at a time, each a partial merged in order
+    const Index blocks = t.first_pos / kKeyBlock + 1, stride = partial_stride(hd);
+    float* parts = ts.vb;  // kDecodeBlocks partials at a time
+    for (Index b = 0; b < blocks; b += kDecodeBlocks) {
+      if (b + kDecodeBlocks <= blocks)
+        decode_partials<kDecodeBlocks>(b * kKeyBlock, t, ts, parts);
+      else
+        decode_partials<1>(b * kKeyBlock, t, ts, parts);
+      for (Index i = 0; i < std::min(kDecodeBlocks, blocks - b); ++i)
+        fold_partial(parts + i * stride, hd, ts);
+    }
     const __m512 l = _mm512_set1_ps(ts.l[0]);
     for (Index d0 = 0; d0 < hd; d0 += 16)
       _mm512_mask_storeu_ps(t.out + d0, lanes(d0, hd), _mm512_div_ps(_mm512_load_ps(ts.o + d0), l));
