@@ -148,7 +148,13 @@ class KVBlockPool {
   // sequence and no block changed) unless the free blocks cover every new block and every
   // copy-on-write. seq.grow(n) is this for one sequence; the batched forwards call it for the
   // batch. The sequences must be distinct and made from this pool.
-  void grow(PagedSequence<T>* const* seqs, const Index* counts, Index n);
+  void grow(PagedSequence<T>* const* seqs, const Index* counts, Index n) {
+    grow_each(n, [&](Index i) -> PagedSequence<T>& { return *seqs[i]; },
+              [&](Index i) { return counts[i]; });
+  }
+  // Same, sequence i being seq_at(i) (a PagedSequence<T>&) and its count count_at(i).
+  template <class SeqAt, class CountAt>
+  void grow_each(Index n, const SeqAt& seq_at, const CountAt& count_at);
 
  private:
   friend class PagedSequence<T>;
@@ -437,16 +443,17 @@ class PagedSequence {
 };
 
 template <class T>
-void KVBlockPool<T>::grow(PagedSequence<T>* const* seqs, const Index* counts, Index n) {
+template <class SeqAt, class CountAt>
+void KVBlockPool<T>::grow_each(Index n, const SeqAt& seq_at, const CountAt& count_at) {
   for (Index i = 0; i < n; ++i) {
-    if (counts[i] < 0)
-      throw ShapeError("grow: expected a non-negative count, got " + std::to_string(counts[i]));
-    if (seqs[i]->pool_ != this)
+    if (count_at(i) < 0)
+      throw ShapeError("grow: expected a non-negative count, got " + std::to_string(count_at(i)));
+    if (seq_at(i).pool_ != this)
       throw ConfigError("grow: sequence " + std::to_string(i) + " belongs to another pool");
-    if (seqs[i]->length_ > std::numeric_limits<Index>::max() / 2 - counts[i])
-      throw CapacityError("grow: " + std::to_string(counts[i]) + " more positions overflow");
+    if (seq_at(i).length_ > std::numeric_limits<Index>::max() / 2 - count_at(i))
+      throw CapacityError("grow: " + std::to_string(count_at(i)) + " more positions overflow");
     // before the lock (may allocate; harmless if the growth is then refused)
-    seqs[i]->table_.reserve(static_cast<std::size_t>(seqs[i]->blocks_for(seqs[i]->length_ + counts[i])));
+    seq_at(i).table_.reserve(static_cast<std::size_t>(seq_at(i).blocks_for(seq_at(i).length_ + count_at(i))));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   // Plan: blocks each sequence needs, and the copies-on-write. A partly filled last block held by
@@ -459,20 +466,20 @@ void KVBlockPool<T>::grow(PagedSequence<T>* const* seqs, const Index* counts, In
     return ref(last).load(std::memory_order_relaxed) - cowed_[static_cast<std::size_t>(last)] > 1;
   };
   for (Index i = 0; i < n; ++i) {
-    const PagedSequence<T>& s = *seqs[i];
-    need += s.blocks_for(s.length_ + counts[i]) - static_cast<Index>(s.table_.size());
-    if (copies(s, counts[i])) {
+    const PagedSequence<T>& s = seq_at(i);
+    need += s.blocks_for(s.length_ + count_at(i)) - static_cast<Index>(s.table_.size());
+    if (copies(s, count_at(i))) {
       ++need;
       ++cowed_[static_cast<std::size_t>(s.table_.back())];
     }
   }
   for (Index i = 0; i < n; ++i)
-    if (!seqs[i]->table_.empty()) cowed_[static_cast<std::size_t>(seqs[i]->table_.back())] = 0;
+    if (!seq_at(i).table_.empty()) cowed_[static_cast<std::size_t>(seq_at(i).table_.back())] = 0;
   const Index free_now = static_cast<Index>(free_.size());
   if (need > free_now) {
     const std::string what =
-        n == 1 ? "growing a sequence of " + std::to_string(seqs[0]->length_) + " positions by " +
-                     std::to_string(counts[0])
+        n == 1 ? "growing a sequence of " + std::to_string(seq_at(0).length_) + " positions by " +
+                     std::to_string(count_at(0))
                : "growing " + std::to_string(n) + " sequences";
     throw CapacityError("KV block pool: " + what + " needs " + std::to_string(need) +
                         " free blocks, " + std::to_string(free_now) + " of " +
@@ -480,16 +487,16 @@ void KVBlockPool<T>::grow(PagedSequence<T>* const* seqs, const Index* counts, In
                         std::to_string(block_rows_) + " positions)");
   }
   for (Index i = 0; i < n; ++i) {
-    PagedSequence<T>& s = *seqs[i];
-    if (copies(s, counts[i])) {  // copy-on-write of the shared, partly filled last block
+    PagedSequence<T>& s = seq_at(i);
+    if (copies(s, count_at(i))) {  // copy-on-write of the shared, partly filled last block
       const std::int32_t from = s.table_.back(), to = take_block();
       copy_block(from, to, s.length_ % block_rows_);
       drop_block(from);
       s.table_.back() = to;
     }
-    const Index want = s.blocks_for(s.length_ + counts[i]);
+    const Index want = s.blocks_for(s.length_ + count_at(i));
     while (static_cast<Index>(s.table_.size()) < want) s.table_.push_back(take_block());
-    s.length_ += counts[i];
+    s.length_ += count_at(i);
   }
 }
 
