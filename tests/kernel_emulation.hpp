@@ -6,6 +6,7 @@
 // fused multiply-add (GCC does so across statements under -std=gnu++17's -ffp-contract=fast).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -116,6 +117,63 @@ inline void softmax_row(float* row, Index n, Index n_keys, float scale) {
   const float inv = rounded(1.0f / sum);
   for (Index j = 0; j < n; ++j) row[j] = mul(e[j], inv);
   for (Index j = n; j < n_keys; ++j) row[j] = 0.0f;
+}
+
+// The fused attention core (kernels/attention_tile.hpp's steps) for `rows` query rows at positions
+// first_pos .. (row stride ldq), key and value row j at keys[j], values[j] (head_dim floats), one
+// row at a time; out rows ldo apart.
+inline void attention_tile(Index rows, Index first_pos, Index head_dim, const float* q, Index ldq,
+                           const float* const* keys, const float* const* values, float scale,
+                           float* out, Index ldo) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> qs(static_cast<std::size_t>(head_dim)), o(qs.size()), ob(qs.size());
+  for (Index r = 0; r < rows; ++r) {
+    const Index pos = first_pos + r;
+    for (Index d = 0; d < head_dim; ++d) qs[d] = mul(q[r * ldq + d], scale);
+    float m = minus_inf, z = 0.0f, l = 0.0f;
+    std::fill(o.begin(), o.end(), 0.0f);
+    for (Index b0 = 0; b0 <= pos; b0 += 64) {
+      const Index n = std::min<Index>(64, pos + 1 - b0);
+      float s[64], p[64];
+      float mb = minus_inf;
+      bool any_nan = false;
+      for (Index j = 0; j < n; ++j) {
+        float acc = 0.0f;
+        for (Index d = 0; d < head_dim; ++d) acc = std::fma(qs[d], keys[b0 + j][d], acc);
+        s[j] = acc;
+        if (std::isnan(acc))
+          any_nan = true;
+        else if (acc > mb)
+          mb = acc;
+      }
+      if (any_nan) mb = nan;
+      const float zb = mb == minus_inf ? 0.0f : mb;
+      float lanes[16] = {};
+      for (Index j = 0; j < 64; ++j) {
+        p[j] = j < n ? kexp(sub(s[j], zb)) : 0.0f;
+        lanes[j % 16] = add(lanes[j % 16], p[j]);
+      }
+      float u[8], v[4], w[2];
+      for (int i = 0; i < 8; ++i) u[i] = add(lanes[i], lanes[i + 8]);
+      for (int i = 0; i < 4; ++i) v[i] = add(u[i], u[i + 4]);
+      for (int i = 0; i < 2; ++i) w[i] = add(v[i], v[i + 2]);
+      const float lb = add(w[0], w[1]);
+      const float m_new = (std::isnan(m) || std::isnan(mb)) ? nan : std::max(m, mb);
+      const float z_new = m_new == minus_inf ? 0.0f : m_new;
+      const float a = m == minus_inf ? 0.0f : kexp(sub(z, z_new));
+      const float c = mb == minus_inf ? 0.0f : kexp(sub(zb, z_new));
+      l = std::fma(lb, c, mul(l, a));
+      for (Index d = 0; d < head_dim; ++d) {
+        float acc = 0.0f;
+        for (Index j = 0; j < n; ++j) acc = std::fma(p[j], values[b0 + j][d], acc);
+        o[d] = std::fma(acc, c, mul(o[d], a));
+      }
+      m = m_new;
+      z = z_new;
+    }
+    for (Index d = 0; d < head_dim; ++d) out[r * ldo + d] = rounded(o[d] / l);
+  }
 }
 
 // B[K, N] (row stride ldb) in the panel layout: ceil(N / 32) panels of K rows of 32 floats,

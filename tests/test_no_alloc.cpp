@@ -49,6 +49,7 @@ TYPED_TEST(NoAllocTest, ForwardWithReservedWorkspaceAllocatesNothing) {
   const RowMatrix<T> x = gpt2::test::random_input<T>(200, 256, 2);
   RowMatrix<T> out(200, 256), probs(4 * 200, 200), out_small(37, 256), probs_small(4 * 37, 37);
   gpt2::Workspace<T> ws(config, 200);
+  ws.reserve_probabilities();  // the score tiles of the forwards with probabilities
   {
     AllocationWatch watch;
     gpt2::attention_forward<T>(w, x, ws, out);
@@ -75,6 +76,7 @@ TYPED_TEST(NoAllocTest, DecodeStepsThroughAKVCacheAllocateNothing) {
   caches.emplace_back(m.config, 100);
   caches.emplace_back(m.config, 100);
   gpt2::Workspace<T> ws(m.config, 40, cache.capacity());
+  ws.reserve_probabilities();
   RowMatrix<T> out(300, 256), probs(4, 300);
   gpt2::BatchLayout step = gpt2::BatchLayout::full(2, 1);
   {

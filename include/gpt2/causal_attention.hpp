@@ -7,25 +7,46 @@
 // (position n_past + i) sees keys 0 .. n_past + i (bottom-right-aligned causal mask, as Hugging Face
 // applies it with past_key_values). With n_past = 0 this is the plain causal mask.
 //
-// The rows are processed in tiles of kAttentionRowBlock: a tile's scores cover only the keys it
-// can see (the triangle is exploited; no T x T matrix unless the probabilities are requested).
+// Without probabilities the rows run through the fused core (kernels/attention_tile.hpp): tiles of
+// kAttentionRowBlock query rows walk 64-key blocks with an online softmax, skipping the blocks past
+// the diagonal; the scratch is O(tile x head_dim) whatever the number of keys, and every row's
+// arithmetic depends only on its position and data, so a row gives the same bits in any tile, chunk
+// (prefill or decode step), batch or thread count. Keys and values may sit in pages (HeadPages).
+// With probabilities, the output still comes from the fused core (asking for them never changes
+// it); the probabilities come from a [tile, n_keys] score tile, row by row (rows exact too).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <new>
 #include <type_traits>
 
 #include "gpt2/error.hpp"
 #include "gpt2/gemm.hpp"
+#include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kernels/generic.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
 
-inline constexpr Index kAttentionRowBlock = 64;
+inline constexpr Index kAttentionRowBlock = kernels::kTileMaxRows;  // 64
+
+// One head's keys and values held in pages of page_rows positions: key row j (0 <= j < n_keys) is
+//   key_pages[j / page_rows] + (j % page_rows) * row_stride   (head_dim contiguous scalars),
+// value row j likewise in value_pages. page_rows is a multiple of 16, or >= n_keys (one page).
+template <class T>
+struct HeadPages {
+  const T* const* key_pages = nullptr;
+  const T* const* value_pages = nullptr;
+  Index page_rows = 0;
+  Index row_stride = 0;
+  Index n_keys = 0;
+  Index head_dim = 0;
+};
 
 // The score tile's rows start on 64-byte boundaries (its column count is rounded up to a multiple
 // of kScoreRowAlign scalars), so every row has the alignment of the first: the vectorized exp and
@@ -34,66 +55,62 @@ inline constexpr Index kAttentionRowBlock = 64;
 template <class T>
 constexpr Index kScoreRowAlign = 64 / static_cast<Index>(sizeof(T));
 
-// Scratch of one causal_attention_head call: a [kAttentionRowBlock, n_keys] score tile and the
-// packing buffers of its two products. Grows on demand; reserve() up front for allocation-free
-// calls. Not thread-safe: one per thread.
+// Scratch of causal attention on one thread: the fused core's tile buffer
+// (kernels::attention_scratch_size(head_dim) scalars: independent of the number of keys), and, only
+// once probabilities are asked for, their [kAttentionRowBlock, n_keys] score tile. Grows on demand; reserve() (and reserve_probabilities()) up front for
+// allocation-free calls. Not thread-safe: one per thread.
 template <class T>
 class AttentionScratch {
  public:
-  // Empty: grows on the first call. The second form allocates room for max_keys keys of width
-  // head_dim up front (owns a [kAttentionRowBlock, max_keys rounded up] tile and packing buffers).
+  // Empty: grows on the first call. The second form allocates the fused core's buffer for
+  // head_dim up front (max_keys does not change its size).
   AttentionScratch() = default;
   AttentionScratch(Index max_keys, Index head_dim) { reserve(max_keys, head_dim); }
 
-  // Room for up to max_keys keys of width head_dim. If an allocation throws, the scratch stays
-  // usable (it grows again on demand).
+  // Room for attention over up to max_keys keys of width head_dim without probabilities: the
+  // fused core's tile buffer (its size does not depend on max_keys). If an allocation throws, the
+  // scratch stays usable (it grows again on demand).
   void reserve(Index max_keys, Index head_dim) {
+    (void)max_keys;
+    reserve_tile(head_dim);
+  }
+
+  // Room for the probabilities of up to max_keys keys too.
+  void reserve_probabilities(Index max_keys, Index head_dim) {
+    reserve_tile(head_dim);
     if (scores.cols() < max_keys) {
       const Index cols = (max_keys + kScoreRowAlign<T> - 1) / kScoreRowAlign<T> * kScoreRowAlign<T>;
       RowMatrix<T> grown(kAttentionRowBlock, cols);  // allocate first: scores stays valid
       scores.swap(grown);
     }
-    scores_gemm.reserve(kAttentionRowBlock, max_keys, head_dim);
-    // att v sums over the keys in panels of Eigen's depth block kc, which Eigen derives from the
-    // largest depth the blocking is built for. Built for kDeterministicDepth, kc is the cache-sized
-    // maximum whatever max_keys is: the sum's order, and so the result, does not depend on the
-    // scratch's capacity. (The packing buffers depend on kc, not on this depth.)
-    values_gemm.reserve(kAttentionRowBlock, head_dim, kDeterministicDepth);
-    if (kernel_scores() && (keys_t.rows() != head_dim || keys_t.cols() < max_keys)) {  // float
-      const Index cols = (max_keys + kScoreRowAlign<T> - 1) / kScoreRowAlign<T> * kScoreRowAlign<T>;
-      RowMatrix<T> grown(head_dim, cols);
-      keys_t.swap(grown);
-    }
-    forget_packed_keys();
   }
 
-  // Whether the scratch holds keys_t, the transposed keys that q k^T reads at the vector levels
-  // (float; allocated whatever the level, so that a forced level never needs to grow it).
-  static constexpr bool kernel_scores() { return std::is_same<T, float>::value; }
-
-  // keys_t holds no head's keys: the next tile packs its own. Every call that attends starts so.
-  void forget_packed_keys() {
-    packed_keys = nullptr;
-    packed_rows = 0;
+  // The fused core's buffer for head_dim (allocated when it is smaller; 64-byte aligned).
+  void reserve_tile(Index head_dim) {
+    const Index want = kernels::attention_scratch_size<T>(head_dim);
+    if (tile_size_ >= want) return;
+    const std::size_t bytes = static_cast<std::size_t>(want) * sizeof(T);
+    std::unique_ptr<T, AlignedDelete> grown(
+        static_cast<T*>(::operator new(bytes, std::align_val_t(64))));
+    tile_.swap(grown);
+    tile_size_ = want;
   }
-
-  static constexpr Index kDeterministicDepth = Index(1) << 24;
+  T* tile() { return tile_.get(); }
 
   // Bytes of the buffers held.
   Index bytes() const {
-    return (scores.size() + keys_t.size()) * static_cast<Index>(sizeof(T)) + scores_gemm.bytes() +
-           values_gemm.bytes();
+    return (tile_size_ + scores.size()) * static_cast<Index>(sizeof(T));
   }
 
+  // The probabilities' path's score tile (empty until probabilities are requested):
   RowMatrix<T> scores;  // [kAttentionRowBlock, max_keys rounded up to kScoreRowAlign<T>]
-  GemmScratch<T> scores_gemm;
-  GemmScratch<T> values_gemm;
-  // With the kernel: k^T [head_dim, max_keys rounded up] of the head being attended, packed by the
-  // first tile that needs it (packed_rows keys from packed_keys) and reused by the head's later,
-  // smaller tiles on this thread.
-  RowMatrix<T> keys_t;
-  const T* packed_keys = nullptr;
-  Index packed_rows = 0;
+
+ private:
+  struct AlignedDelete {
+    void operator()(T* p) const { ::operator delete(p, std::align_val_t(64)); }
+  };
+  std::unique_ptr<T, AlignedDelete> tile_;
+  Index tile_size_ = 0;
 };
 
 // max(-inf, row[0], ..., row[n-1]); NaN if any entry is NaN.
@@ -121,80 +138,128 @@ inline void check_attention_shapes(Index n_query, Index n_keys, Index head_dim, 
                      "), got " + std::to_string(n_keys));
 }
 
-// At the vector levels, row tiles with at least this many query rows run q k^T through the gemm
-// kernel (on k^T packed once per head and thread); smaller ones (a decode step) one row at a time
-// through row_times_transposed, which reads k in place. The generic level uses Eigen's GEMM.
-inline constexpr Index kKernelScoreRows = 16;
-
-// m = 0, row by row with memset (the C library's, tuned for the CPU it runs on whatever this code
-// is compiled for; Eigen's setZero would use the vector width of the consumer's flags).
+// a . b over n scalars in four partial sums (d mod 4, in order) added as (s0 + s1) + (s2 + s3):
+// the generic level's score of the probabilities' path (one fixed order for every row).
 template <class T>
-void zero_rows(MatrixRef<T>& m) {
-  for (Index i = 0; i < m.rows(); ++i)
-    std::memset(m.row(i).data(), 0, static_cast<std::size_t>(m.cols()) * sizeof(T));
+T dot4(const T* a, const T* b, Index n) {
+  T s[4] = {T(0), T(0), T(0), T(0)};
+  Index d = 0;
+  for (; d + 4 <= n; d += 4)
+    for (int l = 0; l < 4; ++l) s[l] += a[d + l] * b[d + l];
+  for (int l = 0; d < n; ++d, ++l) s[l] += a[d] * b[d];
+  return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-// Rows [r0, r0 + nb) of one head (nb <= kAttentionRowBlock): the row tile's scores cover only
-// the keys its last row can see. Shapes as in causal_attention_head, already checked; scratch has
-// room for k.rows() keys. Writes out's rows r0 .. r0 + nb - 1 (and probs' when not null).
+
+// The fused core's arguments for query rows r0 .. r0 + nb - 1 of q [T, head_dim] attending over
+// n_keys keys (q row i is position n_keys - T + i), writing out's rows r0 ..; the keys and values
+// (pages and strides) are the caller's to fill in. Reserves the scratch's tile buffer (allocates
+// only when it was never reserved).
 template <class T>
-void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
-                        const ConstMatrixRef<T>& v, Index r0, Index nb, MatrixRef<T>& out,
-                        MatrixRef<T>* probs, AttentionScratch<T>& scratch) {
+kernels::AttentionTile<T> tile_of(const ConstMatrixRef<T>& q, Index n_keys, Index r0, Index nb,
+                                  MatrixRef<T>& out, AttentionScratch<T>& scratch) {
+  scratch.reserve_tile(q.cols());
+  kernels::AttentionTile<T> t;
+  t.rows = nb;
+  t.first_pos = n_keys - q.rows() + r0;
+  t.head_dim = q.cols();
+  t.q = q.data() + r0 * q.outerStride();
+  t.ldq = q.outerStride();
+  t.scale = T(1) / std::sqrt(T(q.cols()));
+  t.out = out.data() + r0 * out.outerStride();
+  t.ldo = out.outerStride();
+  t.scratch = scratch.tile();
+  return t;
+}
+
+// Runs a tile at the active level (generic: the plain C++ core; float and double).
+template <class T>
+void run_tile(const kernels::AttentionTile<T>& t) {
+  if constexpr (std::is_same<T, float>::value) {
+    if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
+      kern->attention_tile(t);
+      return;
+    }
+  }
+  kernels::generic::attention_tile<T>(t);
+}
+
+// Query rows r0 .. r0 + nb - 1 (nb <= kAttentionRowBlock) of q [T, head_dim] (q row i is position
+// kv.n_keys - T + i and sees keys 0 .. kv.n_keys - T + i) attend over kv through the fused core of
+// the active level; writes out's rows r0 .. r0 + nb - 1. Shapes already checked. A row's bits
+// depend only on its position and data (not on r0, nb or how the keys are paged).
+template <class T>
+void attention_rows(const ConstMatrixRef<T>& q, const HeadPages<T>& kv, Index r0, Index nb,
+                    MatrixRef<T>& out, AttentionScratch<T>& scratch) {
+  if (nb <= 0) return;
+  kernels::AttentionTile<T> t = tile_of<T>(q, kv.n_keys, r0, nb, out, scratch);
+  t.key_pages = kv.key_pages;
+  t.value_pages = kv.value_pages;
+  t.page_rows = kv.page_rows;
+  t.key_stride = kv.row_stride;
+  t.value_stride = kv.row_stride;
+  run_tile<T>(t);
+}
+
+// The same over contiguous k, v [n_keys, head_dim] (one page each; their strides may differ).
+template <class T>
+void attention_rows(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
+                    const ConstMatrixRef<T>& v, Index r0, Index nb, MatrixRef<T>& out,
+                    AttentionScratch<T>& scratch) {
+  if (nb <= 0) return;
+  const T* key_page = k.data();
+  const T* value_page = v.data();
+  kernels::AttentionTile<T> t = tile_of<T>(q, k.rows(), r0, nb, out, scratch);
+  t.key_pages = &key_page;
+  t.value_pages = &value_page;
+  t.page_rows = k.rows();  // one page: every key row j < n_keys is in page 0
+  t.key_stride = k.outerStride();
+  t.value_stride = v.outerStride();
+  run_tile<T>(t);
+}
+
+// The probabilities of rows [r0, r0 + nb) of one head (nb <= kAttentionRowBlock): the row tile's
+// scores cover only the keys its last row can see, then each row's softmax. Shapes as in
+// causal_attention_head, already checked; scratch has room (reserve_probabilities) for k.rows()
+// keys. Writes probs' rows r0 .. r0 + nb - 1 (the output comes from the fused core either way, so
+// asking for the probabilities never changes it).
+template <class T>
+void probability_rows(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k, Index r0, Index nb,
+                      MatrixRef<T>& probs, AttentionScratch<T>& scratch) {
   const Index T_ = q.rows(), head_dim = q.cols(), n_keys = k.rows(), n_past = n_keys - T_;
   const Index n_visible = n_past + r0 + nb;  // keys seen by the tile's last row
   const T scale = T(1) / std::sqrt(T(head_dim));
   MatrixRef<T> att = scratch.scores.topLeftCorner(nb, n_visible);
 
-  // att = softmax(q_tile k_visible^T / sqrt(head_dim)), row i seeing keys 0 .. n_past + r0 + i
+  // att = softmax(q_tile k_visible^T / sqrt(head_dim)), row i seeing keys 0 .. n_past + r0 + i,
+  // one row at a time (so that a row's probabilities do not depend on its tile either)
   if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
     if constexpr (std::is_same<T, float>::value) {
-      if (nb >= kKernelScoreRows) {  // the GEMM accumulates into att: zeroed first
-        zero_rows<T>(att);
-        if (scratch.packed_keys != k.data() || scratch.packed_rows < n_visible) {
-          scratch.keys_t.topLeftCorner(head_dim, n_visible) = k.topRows(n_visible).transpose();
-          scratch.packed_keys = k.data();
-          scratch.packed_rows = n_visible;
-        }
-        kern->gemm(nb, n_visible, head_dim, q.data() + r0 * q.outerStride(), q.outerStride(),
-                   scratch.keys_t.data(), scratch.keys_t.outerStride(), att.data(),
-                   att.outerStride(), scratch.scores_gemm.packed_b());
-      } else {  // a few rows (a decode step): one row at a time, each key row read in place
-        for (Index i = 0; i < nb; ++i)
-          kern->row_times_transposed(n_visible, head_dim, q.data() + (r0 + i) * q.outerStride(),
-                                     k.data(), k.outerStride(), &att(i, 0));
-      }
-      for (Index i = 0; i < nb; ++i)
+      for (Index i = 0; i < nb; ++i) {
+        kern->row_times_transposed(n_visible, head_dim, q.data() + (r0 + i) * q.outerStride(),
+                                   k.data(), k.outerStride(), &att(i, 0));
         kern->softmax_row(&att(i, 0), n_past + r0 + i + 1, n_visible, scale);
+      }
     }
   } else {
-    att.setZero();
-    gemm_accumulate<T>(scale, q.middleRows(r0, nb), k.topRows(n_visible), Op::Transpose, att,
-                       scratch.scores_gemm);
-    for (Index i = 0; i < nb; ++i) causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
+    for (Index i = 0; i < nb; ++i) {
+      const T* qi = q.data() + (r0 + i) * q.outerStride();
+      for (Index j = 0; j < n_visible; ++j)
+        att(i, j) = scale * dot4<T>(qi, k.data() + j * k.outerStride(), head_dim);
+      causal_softmax_row<T>(&att(i, 0), n_past + r0 + i + 1, n_visible);
+    }
   }
-  // y_tile = att v_visible. The tile's rows see different numbers of its own keys; where they do
-  // not see one, att holds an exact 0, and 0 times a finite value changes no sum, so one product
-  // over all n_visible keys is exact. But 0 times a NaN or Inf value is NaN: if the tile's own
-  // values hold one, the keys before the tile (seen by every row) go in one product, and each row
-  // then takes only its visible own keys base .. base + i.
-  const Index base = n_past + r0;
-  MatrixRef<T> y = out.middleRows(r0, nb);
-  zero_rows<T>(y);
-  if (v.middleRows(base, nb).allFinite()) {
-    gemm_accumulate<T>(T(1), att, v.topRows(n_visible), Op::None, y, scratch.values_gemm);
-  } else {
-    gemm_accumulate<T>(T(1), att.leftCols(base), v.topRows(base), Op::None, y,
-                       scratch.values_gemm);
-    for (Index i = 0; i < nb; ++i)
-      gemm_accumulate<T>(T(1), att.block(i, base, 1, i + 1), v.middleRows(base, i + 1), Op::None,
-                         y.row(i), scratch.values_gemm);
-  }
+  probs.middleRows(r0, nb).leftCols(n_visible) = att;
+  probs.middleRows(r0, nb).rightCols(n_keys - n_visible).setZero();
+}
 
-  if (probs) {
-    probs->middleRows(r0, nb).leftCols(n_visible) = att;
-    probs->middleRows(r0, nb).rightCols(n_keys - n_visible).setZero();
-  }
+// Rows [r0, r0 + nb) of one head: the fused core, and the probabilities when probs is not null.
+template <class T>
+void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
+                        const ConstMatrixRef<T>& v, Index r0, Index nb, MatrixRef<T>& out,
+                        MatrixRef<T>* probs, AttentionScratch<T>& scratch) {
+  attention_rows<T>(q, k, v, r0, nb, out, scratch);
+  if (probs) probability_rows<T>(q, k, r0, nb, *probs, scratch);
 }
 
 // Row tiles of a head with n_query query rows.
@@ -226,8 +291,10 @@ void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& 
   check_attention_head<T>(q, k, v, out, probs);
   const Index T_ = q.rows();
   if (T_ == 0) return;
-  scratch.reserve(k.rows(), q.cols());
-  scratch.forget_packed_keys();
+  if (probs)
+    scratch.reserve_probabilities(k.rows(), q.cols());
+  else
+    scratch.reserve(k.rows(), q.cols());
   for (Index r0 = 0; r0 < T_; r0 += kAttentionRowBlock)
     attention_row_tile<T>(q, k, v, r0, std::min(kAttentionRowBlock, T_ - r0), out, probs, scratch);
 }
@@ -256,6 +323,35 @@ void causal_attention_head(const Eigen::MatrixBase<DQ>& q, const Eigen::MatrixBa
                            AttentionScratch<T>& scratch) {
   detail::causal_attention_head<T>(detail::as_view<T>(q), detail::as_view<T>(k),
                                    detail::as_view<T>(v), out, &probs, scratch);
+}
+
+// One head of causal self-attention over keys and values held in pages (no probabilities).
+//   q [T, head_dim] (read; positions kv.n_keys - T .. kv.n_keys - 1), kv: kv.n_keys >= T keys and
+//   values of width head_dim, out [T, head_dim] (written). Bitwise what the contiguous overload
+//   gives for the same keys and values at the same kernel level.
+template <class T>
+void causal_attention_head(const ConstMatrixRef<T>& q, const HeadPages<T>& kv, MatrixRef<T> out,
+                           AttentionScratch<T>& scratch) {
+  const Index T_ = q.rows(), head_dim = q.cols();
+  detail::check_shape("out", {T_, head_dim}, {out.rows(), out.cols()});
+  if (kv.head_dim != head_dim)
+    throw ShapeError("kv: expected head_dim " + std::to_string(head_dim) + " (q's), got " +
+                     std::to_string(kv.head_dim));
+  if (kv.n_keys < T_)
+    throw ShapeError("kv: expected at least as many keys as q has rows (" + std::to_string(T_) +
+                     "), got " + std::to_string(kv.n_keys));
+  if (T_ == 0) return;
+  if (kv.key_pages == nullptr || kv.value_pages == nullptr)
+    throw ShapeError("kv: the page tables must not be null");
+  if (kv.page_rows <= 0 || (kv.page_rows < kv.n_keys && kv.page_rows % kernels::kPageRowsAlign != 0))
+    throw ShapeError("kv: expected page_rows a multiple of " +
+                     std::to_string(kernels::kPageRowsAlign) + " or at least n_keys (" +
+                     std::to_string(kv.n_keys) + "), got " + std::to_string(kv.page_rows));
+  if (kv.row_stride < head_dim)
+    throw ShapeError("kv: expected row_stride at least head_dim (" + std::to_string(head_dim) +
+                     "), got " + std::to_string(kv.row_stride));
+  for (Index r0 = 0; r0 < T_; r0 += kAttentionRowBlock)
+    detail::attention_rows<T>(q, kv, r0, std::min(kAttentionRowBlock, T_ - r0), out, scratch);
 }
 
 }  // namespace gpt2

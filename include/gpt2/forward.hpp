@@ -126,7 +126,7 @@ void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
     }
   }
   const Index tiles = attention_row_tiles(T_);
-  for (ThreadScratch<T>& t : ws.threads) t.attention.forget_packed_keys();
+  if (probs) ws.reserve_probabilities();  // the two-pass path's score tiles (the first time)
   parallel_tasks(n_head * tiles, n_threads, [&](Index task, int thread) {
     const Index h = task / tiles, tile = tiles - 1 - task % tiles;
     const Index r0 = tile * kAttentionRowBlock, nb = std::min(kAttentionRowBlock, T_ - r0);

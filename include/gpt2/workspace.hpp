@@ -49,7 +49,8 @@ class Workspace {
         threads(std::move(other.threads)),
         config_(other.config_),
         capacity_(std::exchange(other.capacity_, 0)),
-        key_capacity_(std::exchange(other.key_capacity_, 0)) {
+        key_capacity_(std::exchange(other.key_capacity_, 0)),
+        probabilities_(std::exchange(other.probabilities_, false)) {
     other.threads.clear();
   }
   Workspace& operator=(Workspace&& other) noexcept {
@@ -67,6 +68,7 @@ class Workspace {
     std::swap(config_, other.config_);
     std::swap(capacity_, other.capacity_);
     std::swap(key_capacity_, other.key_capacity_);
+    std::swap(probabilities_, other.probabilities_);
   }
 
   // The n_embd and n_head the buffers are shaped for (must match the weights of a forward).
@@ -111,6 +113,7 @@ class Workspace {
     std::vector<ThreadScratch<T>> grown_threads(static_cast<std::size_t>(want_threads));
     for (ThreadScratch<T>& t : grown_threads) {
       t.attention.reserve(max_keys, config_.head_dim());
+      if (probabilities_) t.attention.reserve_probabilities(max_keys, config_.head_dim());
       t.gemm.reserve(max_tokens, 3 * C, C);  // the larger of the two projections
     }
     qkv.swap(grown_qkv);
@@ -118,6 +121,17 @@ class Workspace {
     threads.swap(grown_threads);
     capacity_ = max_tokens;
     key_capacity_ = max_keys;
+  }
+
+  // Room for forwards that also write the attention probabilities: the probabilities' score tile
+  // ([kAttentionRowBlock, key_capacity()] and packing buffers) on every thread, kept from then on
+  // (reserve() grows it too). A forward with probabilities calls it, so the first one allocates;
+  // call it up front for allocation-free forwards with probabilities. Without it the per-thread
+  // scratch does not depend on the number of keys.
+  void reserve_probabilities() {
+    for (ThreadScratch<T>& t : threads)
+      t.attention.reserve_probabilities(key_capacity_, config_.head_dim());
+    probabilities_ = true;
   }
 
   RowMatrix<T> qkv;     // [capacity, 3C]
@@ -128,6 +142,7 @@ class Workspace {
   AttentionConfig config_;
   Index capacity_ = 0;
   Index key_capacity_ = 0;
+  bool probabilities_ = false;  // reserve_probabilities() was called
 };
 
 }  // namespace gpt2

@@ -29,6 +29,10 @@
 //   row_times_transposed(N, K, a, B, ldb, c)         c[1, N] = a[1, K] B[N, K]^T (q k^T of a row)
 //   softmax_row(row, n, n_keys, scale)               x = row * scale; row[:n] = softmax(x[:n]);
 //                                                    row[n:n_keys] = 0
+//   attention_tile(tile)                             the fused causal attention of a tile of query
+//                                                    rows over paged keys and values (online
+//                                                    softmax over 64-key blocks; the arithmetic of
+//                                                    kernels/attention_tile.hpp)
 // with these bit-for-bit contracts, identical at avx2 and avx512 (so the two levels give the same
 // bits), checked by tests/test_kernels.cpp against the scalar emulation in tests/kernel_emulation.hpp:
 // - the gemm family: every element of C is one chain of fused multiply-adds in k order, starting
@@ -37,7 +41,9 @@
 //   the tree of avx512::lane_sums16;
 // - softmax_row: max from -inf (NaN if any x is NaN); e = kexp(x - max), a Cephes-style exp
 //   (within 2 ulp; 0 below -87.33654); 16 lane sums of e (lane j mod 16, in order, from +0) added
-//   by halves (8, 4, 2, 1); row = e * (1 / sum).
+//   by halves (8, 4, 2, 1); row = e * (1 / sum);
+// - attention_tile: every step of a row as kernels/attention_tile.hpp writes it (its key blocks sit
+//   at absolute positions, so a row gives the same bits in any tile, chunk or batch).
 #pragma once
 
 #include <atomic>
@@ -46,8 +52,11 @@
 #include <vector>
 
 #include "gpt2/error.hpp"
+#include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/avx2.hpp"
+#include "gpt2/kernels/avx2_attention.hpp"
 #include "gpt2/kernels/avx512.hpp"
+#include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/kernels/cpu.hpp"
 #include "gpt2/kernels/pack.hpp"
 #include "gpt2/types.hpp"
@@ -223,6 +232,7 @@ struct FloatKernels {
   void (*row_times_transposed)(Index N, Index K, const float* a, const float* B, Index ldb,
                                float* c);
   void (*softmax_row)(float* row, Index n, Index n_keys, float scale);
+  void (*attention_tile)(const AttentionTile<float>& tile);
 };
 
 // The table of a vector level (null for generic, and for a level this build does not have).
@@ -231,14 +241,14 @@ inline const FloatKernels* float_kernels(Isa isa) {
   static const FloatKernels avx512_table{Isa::avx512,           avx512::gemm,
                                          avx512::gemm_packed,    avx512::row_times_matrix,
                                          avx512::row_times_packed, avx512::row_times_transposed,
-                                         avx512::softmax_row};
+                                         avx512::softmax_row,    avx512::attention_tile};
   if (isa == Isa::avx512) return &avx512_table;
 #endif
 #if GPT2_KERNELS_HAVE_AVX2
   static const FloatKernels avx2_table{Isa::avx2,           avx2::gemm,
                                        avx2::gemm_packed,    avx2::row_times_matrix,
                                        avx2::row_times_packed, avx2::row_times_transposed,
-                                       avx2::softmax_row};
+                                       avx2::softmax_row,    avx2::attention_tile};
   if (isa == Isa::avx2) return &avx2_table;
 #endif
   (void)isa;

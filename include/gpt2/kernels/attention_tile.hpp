@@ -1,0 +1,204 @@
+// The fused attention core's interface: one tile of query rows of one head attends causally over
+// keys and values held in pages, with an online softmax over fixed key blocks.
+//
+//   tile.rows query rows (1 .. kTileMaxRows); row i is position first_pos + i and sees keys
+//   0 .. first_pos + i. out[i] = sum_j softmax_j(q_i . k_j * scale) v_j.
+//
+// The arithmetic of one row, written here once for every level (so that a row gives the same bits
+// whatever tile, chunk, batch or thread count it is computed in: only its own position and data
+// enter it):
+//   qs = q * scale (rounded once)
+//   for each key block b = [64 b, 64 b + 64) the row sees part of (absolute positions):
+//     s_j  = q_s . k_j, one fused multiply-add chain over d = 0, 1, ... from +0
+//     m_b  = max of the visible s_j (NaN if any is NaN); z_b = m_b, or 0 when m_b = -inf
+//     p_j  = kexp(s_j - z_b) for the visible keys (0 for the others)
+//     l_b  = the 16 lane sums of p (lane t: keys 64 b + t, + 16, + 32, + 48, in order) added by
+//            halves (t + 8, then + 4, + 2, + 1)
+//     o_b  = sum_j p_j v_j, one fused multiply-add chain over the visible keys in order, from +0
+//     then merged into the running (m, z, l, o), which start at (-inf, 0, 0, 0):
+//       m' = max(m, m_b) (NaN if either is), z' = m', or 0 when m' = -inf
+//       a = kexp(z - z') (0 when m = -inf), c = kexp(z_b - z') (0 when m_b = -inf)
+//       l = fma(l_b, c, l * a), o = fma(o_b, c, o * a) elementwise
+//   out = o / l
+// The vector levels (avx2, avx512) implement exactly this, with kexp of kernels/dispatch.hpp, and
+// give identical bits (tests/test_kernels.cpp checks both against the scalar emulation of
+// tests/kernel_emulation.hpp). The generic level (float and double) runs the same steps in plain
+// C++ (products and sums as the compiler contracts them), so its rows are exact too, but its bits
+// are its own.
+//
+// Per-thread scratch: attention_scratch_size(head_dim) scalars, 64-byte aligned: independent of
+// the number of keys.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "gpt2/types.hpp"
+
+namespace gpt2::kernels {
+
+inline constexpr Index kKeyBlock = 64;      // keys per block; blocks start at multiples of it
+inline constexpr Index kTileMaxRows = 64;   // query rows per tile at most
+inline constexpr Index kPageRowsAlign = 16; // page_rows: a multiple of this (or one page)
+
+// One tile's arguments. Key row j (0 <= j < first_pos + rows) is
+//   key_pages[j / page_rows] + (j % page_rows) * key_stride    (head_dim contiguous scalars)
+// and value row j likewise in value_pages (value_stride). q rows are ldq apart, out rows ldo apart.
+template <class T>
+struct AttentionTile {
+  Index rows = 0;
+  Index first_pos = 0;
+  Index head_dim = 0;
+  const T* q = nullptr;
+  Index ldq = 0;
+  const T* const* key_pages = nullptr;
+  const T* const* value_pages = nullptr;
+  Index page_rows = 0;
+  Index key_stride = 0;    // scalars between consecutive key rows of a page
+  Index value_stride = 0;  // the same for values
+  T scale = T(1);
+  T* out = nullptr;
+  Index ldo = 0;
+  T* scratch = nullptr;  // attention_scratch_size<T>(head_dim) scalars, 64-byte aligned
+};
+
+// head_dim rounded up to a multiple of 16 (the width of one row of qs and o in the scratch).
+inline Index padded_head_dim(Index head_dim) { return (head_dim + 15) / 16 * 16; }
+
+// Scratch of one tile: qs and o [kTileMaxRows, padded], k^T of a block [padded, kKeyBlock], the
+// block's p [kTileMaxRows, kKeyBlock], and six per-row scalars (m, z, l, m_b, z_b, l_b / a, c).
+template <class T>
+Index attention_scratch_size(Index head_dim) {
+  const Index hdp = padded_head_dim(head_dim);
+  return 2 * kTileMaxRows * hdp + hdp * kKeyBlock + kTileMaxRows * kKeyBlock + 8 * kTileMaxRows;
+}
+
+// Where the scratch's parts start (each a multiple of 16 scalars from the base).
+template <class T>
+struct TileScratch {
+  T* qs;     // [kTileMaxRows, hdp]
+  T* o;      // [kTileMaxRows, hdp]
+  T* kt;     // [hdp, kKeyBlock]
+  T* p;      // [kTileMaxRows, kKeyBlock]
+  T* m;      // [kTileMaxRows] running max
+  T* z;      // running reference point
+  T* l;      // running sum
+  T* a;      // this block's factor on the running values
+  T* c;      // this block's factor on its own values
+  TileScratch(T* base, Index head_dim) {
+    const Index hdp = padded_head_dim(head_dim);
+    qs = base;
+    o = qs + kTileMaxRows * hdp;
+    kt = o + kTileMaxRows * hdp;
+    p = kt + hdp * kKeyBlock;
+    m = p + kTileMaxRows * kKeyBlock;
+    z = m + kTileMaxRows;
+    l = z + kTileMaxRows;
+    a = l + kTileMaxRows;
+    c = a + kTileMaxRows;
+  }
+};
+
+// rows[i] = the address of key (or value) row j0 + i, i < n, in pages of page_rows rows.
+template <class T>
+inline void page_rows_of(const T* const* pages, Index page_rows, Index row_stride, Index j0,
+                         Index n, const T** rows) {
+  Index page = j0 / page_rows, in_page = j0 % page_rows;
+  for (Index i = 0; i < n; ++i) {
+    rows[i] = pages[page] + in_page * row_stride;
+    if (++in_page == page_rows) {
+      ++page;
+      in_page = 0;
+    }
+  }
+}
+
+// Keys of block b0 that row position `pos` sees (0 if none).
+inline Index visible_in_block(Index pos, Index b0) {
+  return std::max<Index>(0, std::min<Index>(kKeyBlock, pos + 1 - b0));
+}
+
+namespace generic {
+
+// exp with the interface's edge cases (NaN stays NaN; the caller never passes +inf - +inf).
+template <class T>
+T block_exp(T x) {
+  return std::exp(x);
+}
+
+// The tile, in plain C++ (float or double): the steps of the header's comment.
+template <class T>
+void attention_tile(const AttentionTile<T>& t) {
+  const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
+  const T minus_inf = -std::numeric_limits<T>::infinity();
+  TileScratch<T> s(t.scratch, hd);
+  for (Index r = 0; r < nb; ++r) {
+    for (Index d = 0; d < hd; ++d) s.qs[r * hdp + d] = t.q[r * t.ldq + d] * t.scale;
+    std::fill(s.o + r * hdp, s.o + r * hdp + hdp, T(0));
+    s.m[r] = minus_inf;
+    s.z[r] = T(0);
+    s.l[r] = T(0);
+  }
+  const Index last = t.first_pos + nb - 1;
+  const T* krow[kKeyBlock];
+  const T* vrow[kKeyBlock];
+  for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
+    const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
+    page_rows_of<T>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
+    page_rows_of<T>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
+    for (Index j = 0; j < n_blk; ++j)
+      for (Index d = 0; d < hd; ++d) s.kt[d * kKeyBlock + j] = krow[j][d];
+    for (Index r = std::max<Index>(0, b0 - t.first_pos); r < nb; ++r) {
+      const Index n = visible_in_block(t.first_pos + r, b0);
+      T score[kKeyBlock] = {};
+      for (Index d = 0; d < hd; ++d) {
+        const T qd = s.qs[r * hdp + d];
+        const T* kd = s.kt + d * kKeyBlock;
+        for (Index j = 0; j < kKeyBlock; ++j) score[j] += qd * kd[j];
+      }
+      T mb = minus_inf;
+      bool nan = false;
+      for (Index j = 0; j < n; ++j) {
+        nan = nan || std::isnan(score[j]);
+        mb = std::max(mb, score[j]);
+      }
+      if (nan) mb = std::numeric_limits<T>::quiet_NaN();
+      const T zb = mb == minus_inf ? T(0) : mb;
+      T* p = s.p + r * kKeyBlock;
+      T lanes[16] = {};
+      for (Index j = 0; j < kKeyBlock; ++j) {
+        p[j] = j < n ? block_exp<T>(score[j] - zb) : T(0);
+        lanes[j % 16] += p[j];
+      }
+      for (Index half = 8; half >= 1; half /= 2)
+        for (Index i = 0; i < half; ++i) lanes[i] += lanes[i + half];
+      const T m_old = s.m[r];
+      const T m_new = (std::isnan(m_old) || std::isnan(mb)) ? std::numeric_limits<T>::quiet_NaN()
+                                                           : std::max(m_old, mb);
+      const T z_new = m_new == minus_inf ? T(0) : m_new;
+      const T a = m_old == minus_inf ? T(0) : block_exp<T>(s.z[r] - z_new);
+      const T c = mb == minus_inf ? T(0) : block_exp<T>(zb - z_new);
+      s.l[r] = lanes[0] * c + s.l[r] * a;
+      s.m[r] = m_new;
+      s.z[r] = z_new;
+      T ob[256];
+      T* o = s.o + r * hdp;
+      for (Index d0 = 0; d0 < hd; d0 += 256) {
+        const Index w = std::min<Index>(256, hd - d0);
+        std::fill(ob, ob + w, T(0));
+        for (Index j = 0; j < n; ++j) {
+          const T pj = p[j];
+          const T* v = vrow[j] + d0;
+          for (Index d = 0; d < w; ++d) ob[d] += pj * v[d];
+        }
+        for (Index d = 0; d < w; ++d) o[d0 + d] = ob[d] * c + o[d0 + d] * a;
+      }
+    }
+  }
+  for (Index r = 0; r < nb; ++r)
+    for (Index d = 0; d < hd; ++d) t.out[r * t.ldo + d] = s.o[r * hdp + d] / s.l[r];
+}
+
+}  // namespace generic
+}  // namespace gpt2::kernels

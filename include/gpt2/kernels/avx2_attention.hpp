@@ -1,0 +1,259 @@
+// The fused attention core at the avx2 level: kernels/attention_tile.hpp's arithmetic (the same
+// bits as the avx512 level), key blocks of 64 read as eight 8-float vectors.
+//
+// Per key block: k^T of the block is packed once (8 x 8 transposes in registers); the scores of up
+// to 3 rows are computed 32 keys at a time (12 accumulators) and stored; each row's block softmax
+// then runs on its stored scores; p v runs for up to 3 rows and 32 columns of head_dim at a time.
+#pragma once
+
+#include <algorithm>
+#include <limits>
+
+#include "gpt2/kernels/attention_tile.hpp"
+#include "gpt2/kernels/avx2.hpp"
+#include "gpt2/types.hpp"
+
+#if GPT2_KERNELS_HAVE_AVX2
+namespace gpt2::kernels::avx2 {
+
+inline constexpr int kScoreRows = 3;  // rows of one score group (32 keys): 12 accumulators
+inline constexpr int kValueRows = 3;  // rows of one p v group (32 columns): 12 accumulators
+
+// r = the 8 x 8 transpose of r.
+GPT2_KERNEL_AVX2 inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int g = 0; g < 2; ++g) {
+    u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+// kt[d][j] = rows[j][d] for j < n, 0 for n <= j < kKeyBlock; d < head_dim.
+GPT2_KERNEL_AVX2 inline void pack_keys_t(const float* const* rows, Index n, Index head_dim,
+                                         float* kt) {
+  __m256 r[8];
+  for (Index j0 = 0; j0 < kKeyBlock; j0 += 8) {
+    for (Index d0 = 0; d0 < head_dim; d0 += 8) {
+      const __m256i dm = lanes(head_dim - d0);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i)
+        r[i] = j0 + i < n ? _mm256_maskload_ps(rows[j0 + i] + d0, dm) : _mm256_setzero_ps();
+      transpose8(r);
+      const Index dn = std::min<Index>(8, head_dim - d0);
+      for (Index i = 0; i < dn; ++i) _mm256_store_ps(kt + (d0 + i) * kKeyBlock + j0, r[i]);
+    }
+  }
+}
+
+// Row r's block statistics from its 64 stored scores (n visible): p stored over them, then the
+// merge factors and the running m, z, l (attention_tile.hpp's steps; avx512's bits).
+GPT2_KERNEL_AVX2 inline void block_softmax(Index n, Index r, TileScratch<float>& ts) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  float* p = ts.p + r * kKeyBlock;
+  __m256 live[8], x[8];
+  __m256 mx = _mm256_set1_ps(minus_inf), nan = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int v = 0; v < 8; ++v) {
+    live[v] = _mm256_castsi256_ps(lanes(n - 8 * v));
+    x[v] = _mm256_load_ps(p + 8 * v);
+    nan = _mm256_or_ps(nan, _mm256_and_ps(_mm256_cmp_ps(x[v], x[v], _CMP_UNORD_Q), live[v]));
+    mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, x[v]), live[v]);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float mb = _mm256_movemask_ps(nan) != 0 ? std::numeric_limits<float>::quiet_NaN()
+                                                 : _mm_cvtss_f32(m4);
+  const float zb = mb == minus_inf ? 0.0f : mb;
+  const __m256 z = _mm256_set1_ps(zb);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();  // lanes 0-7 and 8-15 of 16
+#pragma GCC unroll 8
+  for (int v = 0; v < 8; ++v) {
+    const __m256 e = _mm256_and_ps(kexp8(_mm256_sub_ps(x[v], z)), live[v]);
+    _mm256_store_ps(p + 8 * v, e);
+    if (v % 2 == 0)
+      s0 = _mm256_add_ps(s0, e);
+    else
+      s1 = _mm256_add_ps(s1, e);
+  }
+  const __m256 u = _mm256_add_ps(s0, s1);
+  const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+  const __m128 w = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+  const float lb = _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+  const float m_old = ts.m[r];
+  const float m_new = (m_old != m_old || mb != mb) ? std::numeric_limits<float>::quiet_NaN()
+                                                   : std::max(m_old, mb);
+  const float z_new = m_new == minus_inf ? 0.0f : m_new;
+  const float a = m_old == minus_inf ? 0.0f : kexp(ts.z[r] - z_new);
+  const float c = mb == minus_inf ? 0.0f : kexp(zb - z_new);
+  ts.l[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(lb), _mm_set_ss(c),
+                                       _mm_mul_ss(_mm_set_ss(ts.l[r]), _mm_set_ss(a))));
+  ts.m[r] = m_new;
+  ts.z[r] = z_new;
+  ts.a[r] = a;
+  ts.c[r] = c;
+}
+
+// Scores of rows r .. r + R - 1 against keys j0 .. j0 + 31 of the packed block, stored raw in p.
+template <int R>
+GPT2_KERNEL_AVX2 inline void score_rows(Index r, Index j0, const AttentionTile<float>& t,
+                                        TileScratch<float>& ts) {
+  const Index hdp = padded_head_dim(t.head_dim);
+  __m256 acc[R][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[i][v] = _mm256_setzero_ps();
+  const float* q = ts.qs + r * hdp;
+  for (Index d = 0; d < t.head_dim; ++d) {
+    const float* kd = ts.kt + d * kKeyBlock + j0;
+    const __m256 k0 = _mm256_load_ps(kd), k1 = _mm256_load_ps(kd + 8);
+    const __m256 k2 = _mm256_load_ps(kd + 16), k3 = _mm256_load_ps(kd + 24);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const __m256 qd = _mm256_broadcast_ss(q + i * hdp + d);
+      acc[i][0] = _mm256_fmadd_ps(qd, k0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(qd, k1, acc[i][1]);
+      acc[i][2] = _mm256_fmadd_ps(qd, k2, acc[i][2]);
+      acc[i][3] = _mm256_fmadd_ps(qd, k3, acc[i][3]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v)
+      _mm256_store_ps(ts.p + (r + i) * kKeyBlock + j0 + 8 * v, acc[i][v]);
+}
+
+template <int R>
+GPT2_KERNEL_AVX2 inline void score_and_softmax_rows(Index r, Index b0, const AttentionTile<float>& t,
+                                                    TileScratch<float>& ts) {
+  score_rows<R>(r, 0, t, ts);
+  score_rows<R>(r, 32, t, ts);
+  for (int i = 0; i < R; ++i) block_softmax(visible_in_block(t.first_pos + r + i, b0), r + i, ts);
+}
+
+// o[r + i][d0 .. d0 + 8 V) = fma(o_b, c, o * a), o_b = sum_j p_j v_j over row r + i's keys n[i]
+// (not decreasing with i).
+template <int R, int V>
+GPT2_KERNEL_AVX2 inline void value_rows(Index r, Index d0, const Index (&n)[kValueRows],
+                                        const float* const* vrow, const AttentionTile<float>& t,
+                                        TileScratch<float>& ts) {
+  const Index hdp = padded_head_dim(t.head_dim);
+  __m256i dm[V];
+  __m256 acc[R][V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) dm[v] = lanes(t.head_dim - d0 - 8 * v);
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[i][v] = _mm256_setzero_ps();
+  const float* p = ts.p + r * kKeyBlock;
+  for (Index j = 0; j < n[0]; ++j) {
+    __m256 vv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) vv[v] = _mm256_maskload_ps(vrow[j] + d0 + 8 * v, dm[v]);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const __m256 pj = _mm256_broadcast_ss(p + i * kKeyBlock + j);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[i][v] = _mm256_fmadd_ps(pj, vv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 1; i < R; ++i) {
+    for (Index jj = n[0]; jj < n[i]; ++jj) {
+      const __m256 pj = _mm256_broadcast_ss(p + i * kKeyBlock + jj);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[i][v] = _mm256_fmadd_ps(pj, _mm256_maskload_ps(vrow[jj] + d0 + 8 * v, dm[v]),
+                                    acc[i][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    const __m256 a = _mm256_set1_ps(ts.a[r + i]), c = _mm256_set1_ps(ts.c[r + i]);
+    float* o = ts.o + (r + i) * hdp + d0;
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      _mm256_store_ps(o + 8 * v,
+                      _mm256_fmadd_ps(acc[i][v], c, _mm256_mul_ps(_mm256_load_ps(o + 8 * v), a)));
+  }
+}
+
+template <int R>
+GPT2_KERNEL_AVX2 inline void value_rows_all(Index r, Index b0, const float* const* vrow,
+                                            const AttentionTile<float>& t, TileScratch<float>& ts) {
+  Index n[kValueRows] = {};
+  for (int i = 0; i < R; ++i) n[i] = visible_in_block(t.first_pos + r + i, b0);
+  Index d0 = 0;
+  for (; d0 + 32 <= t.head_dim; d0 += 32) value_rows<R, 4>(r, d0, n, vrow, t, ts);
+  const Index rest = t.head_dim - d0;
+  if (rest > 24)
+    value_rows<R, 4>(r, d0, n, vrow, t, ts);
+  else if (rest > 16)
+    value_rows<R, 3>(r, d0, n, vrow, t, ts);
+  else if (rest > 8)
+    value_rows<R, 2>(r, d0, n, vrow, t, ts);
+  else if (rest > 0)
+    value_rows<R, 1>(r, d0, n, vrow, t, ts);
+}
+
+// The tile (attention_tile.hpp's interface and arithmetic).
+GPT2_KERNEL_AVX2 inline void attention_tile(const AttentionTile<float>& t) {
+  const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
+  TileScratch<float> ts(t.scratch, hd);
+  const __m256 scale = _mm256_set1_ps(t.scale);
+  for (Index r = 0; r < nb; ++r) {
+    for (Index d0 = 0; d0 < hdp; d0 += 8) {
+      const __m256i dm = lanes(hd - d0);
+      // stored, then read back: rounded on its own (never fused into a later operation)
+      _mm256_store_ps(ts.qs + r * hdp + d0,
+                      _mm256_mul_ps(_mm256_maskload_ps(t.q + r * t.ldq + d0, dm), scale));
+      _mm256_store_ps(ts.o + r * hdp + d0, _mm256_setzero_ps());
+    }
+    ts.m[r] = -std::numeric_limits<float>::infinity();
+    ts.z[r] = 0.0f;
+    ts.l[r] = 0.0f;
+  }
+  const Index last = t.first_pos + nb - 1;
+  const float* krow[kKeyBlock];
+  const float* vrow[kKeyBlock];
+  for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
+    const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
+    page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
+    page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
+    pack_keys_t(krow, n_blk, hd, ts.kt);
+    const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
+    Index r = r_begin;
+    for (; r + kScoreRows <= nb; r += kScoreRows) score_and_softmax_rows<kScoreRows>(r, b0, t, ts);
+    if (nb - r == 2) score_and_softmax_rows<2>(r, b0, t, ts);
+    if (nb - r == 1) score_and_softmax_rows<1>(r, b0, t, ts);
+    r = r_begin;
+    for (; r + kValueRows <= nb; r += kValueRows) value_rows_all<kValueRows>(r, b0, vrow, t, ts);
+    if (nb - r == 2) value_rows_all<2>(r, b0, vrow, t, ts);
+    if (nb - r == 1) value_rows_all<1>(r, b0, vrow, t, ts);
+  }
+  for (Index r = 0; r < nb; ++r) {
+    const __m256 l = _mm256_set1_ps(ts.l[r]);
+    for (Index d0 = 0; d0 < hd; d0 += 8)
+      _mm256_maskstore_ps(t.out + r * t.ldo + d0, lanes(hd - d0),
+                          _mm256_div_ps(_mm256_load_ps(ts.o + r * hdp + d0), l));
+  }
+}
+
+}  // namespace gpt2::kernels::avx2
+#endif

@@ -1,0 +1,320 @@
+// The fused attention core (kernels/attention_tile.hpp, avx2_attention.hpp, avx512_attention.hpp,
+// and causal_attention.hpp's attention_rows / HeadPages):
+// - each vector level bit for bit against the scalar emulation of the documented steps, over head
+//   sizes with every tail, tile sizes, positions around the 64-key blocks, paged keys, sentinels;
+// - avx2 == avx512 bit for bit;
+// - at every level (generic too; float and double): a row gives the same bits alone, inside any
+//   tile, split into any chunks, and through pages of 16 or 32 rows in shuffled order;
+// - against a double reference (accuracy), and the special values: a NaN key poisons only the rows
+//   that see it, an Inf value likewise, huge logits, tiny ones, all keys at -inf.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpt2/causal_attention.hpp"
+#include "gpt2/kernels/dispatch.hpp"
+#include "kernel_emulation.hpp"
+#include "support/compare.hpp"
+
+namespace {
+
+using gpt2::Index;
+using gpt2::Isa;
+using gpt2::RowMatrix;
+namespace emu = gpt2::test::emulation;
+
+template <class T>
+std::uint64_t bits_of(T v) {
+  std::uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof v);
+  return b;
+}
+
+template <class T>
+bool same_bits(const RowMatrix<T>& a, const RowMatrix<T>& b) {
+  if (a.rows() != b.rows() || a.cols() != b.cols()) return false;
+  for (Index i = 0; i < a.rows(); ++i)
+    for (Index j = 0; j < a.cols(); ++j)
+      if (bits_of(a(i, j)) != bits_of(b(i, j))) return false;
+  return true;
+}
+
+template <class T>
+RowMatrix<T> random_matrix(Index rows, Index cols, std::uint32_t seed, double scale = 1.0) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> g(0.0, scale);
+  RowMatrix<T> m(rows, cols);
+  for (Index i = 0; i < rows; ++i)
+    for (Index j = 0; j < cols; ++j) m(i, j) = static_cast<T>(g(rng));
+  return m;
+}
+
+// Keys and values copied into pages of page_rows rows (stride `stride`), the pages in shuffled
+// order in one pool: the HeadPages view of them.
+template <class T>
+struct Paged {
+  std::vector<T> pool;
+  std::vector<const T*> key_pages, value_pages;
+  gpt2::HeadPages<T> view;
+
+  Paged(const RowMatrix<T>& k, const RowMatrix<T>& v, Index page_rows, Index stride,
+        std::uint32_t seed) {
+    const Index n = k.rows(), hd = k.cols(), pages = (n + page_rows - 1) / page_rows;
+    pool.assign(static_cast<std::size_t>(2 * pages * page_rows * stride), T(-7777));
+    std::vector<Index> slot(static_cast<std::size_t>(2 * pages));
+    std::iota(slot.begin(), slot.end(), 0);
+    std::shuffle(slot.begin(), slot.end(), std::mt19937(seed));
+    for (Index p = 0; p < pages; ++p) {
+      T* kp = pool.data() + slot[p] * page_rows * stride;
+      T* vp = pool.data() + slot[pages + p] * page_rows * stride;
+      for (Index r = 0; r < page_rows && p * page_rows + r < n; ++r)
+        for (Index d = 0; d < hd; ++d) {
+          kp[r * stride + d] = k(p * page_rows + r, d);
+          vp[r * stride + d] = v(p * page_rows + r, d);
+        }
+      key_pages.push_back(kp);
+      value_pages.push_back(vp);
+    }
+    view.key_pages = key_pages.data();
+    view.value_pages = value_pages.data();
+    view.page_rows = page_rows;
+    view.row_stride = stride;
+    view.n_keys = n;
+    view.head_dim = hd;
+  }
+};
+
+// out [T, hd] of q [T, hd] over k, v [n_keys, hd], tiles of `tile` rows.
+template <class T>
+RowMatrix<T> attend(const RowMatrix<T>& q, const RowMatrix<T>& k, const RowMatrix<T>& v,
+                    Index tile = gpt2::kAttentionRowBlock) {
+  RowMatrix<T> out = RowMatrix<T>::Constant(q.rows(), q.cols(), T(-999));
+  gpt2::AttentionScratch<T> scratch(k.rows(), q.cols());
+  gpt2::ConstMatrixRef<T> qr = q, kr = k, vr = v;
+  gpt2::MatrixRef<T> o = out;
+  for (Index r0 = 0; r0 < q.rows(); r0 += tile)
+    gpt2::detail::attention_rows<T>(qr, kr, vr, r0, std::min(tile, q.rows() - r0), o, scratch);
+  return out;
+}
+
+// Double reference of one row set: softmax(q k^T / sqrt(hd), causal) v.
+RowMatrix<double> reference(const RowMatrix<double>& q, const RowMatrix<double>& k,
+                            const RowMatrix<double>& v) {
+  const Index T_ = q.rows(), n = k.rows(), past = n - T_;
+  RowMatrix<double> out(T_, q.cols());
+  for (Index i = 0; i < T_; ++i) {
+    Eigen::VectorXd s = k.topRows(past + i + 1) * q.row(i).transpose() / std::sqrt(double(q.cols()));
+    s = (s.array() - s.maxCoeff()).exp();
+    s /= s.sum();
+    out.row(i) = s.transpose() * v.topRows(past + i + 1);
+  }
+  return out;
+}
+
+#if GPT2_KERNELS_HAVE_AVX2 && GPT2_KERNELS_HAVE_AVX512
+
+class CoreKernels : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!gpt2::isa_supported(GetParam()))
+      GTEST_SKIP() << "skipped: the CPU has no " << gpt2::isa_name(GetParam());
+  }
+  const gpt2::kernels::FloatKernels& k() const { return *gpt2::kernels::float_kernels(GetParam()); }
+};
+
+struct TileCase {
+  Index rows, first_pos, head_dim, page_rows;
+};
+
+// out of the level's kernel and of the emulation, for one tile (q stride hd + 3, out stride hd + 5
+// with sentinels around).
+void check_tile(const gpt2::kernels::FloatKernels& kern, const TileCase& c, std::uint32_t seed,
+                double scale = 1.0) {
+  const Index n_keys = c.first_pos + c.rows, hd = c.head_dim;
+  const RowMatrix<float> q = random_matrix<float>(c.rows, hd + 3, seed, scale);
+  const RowMatrix<float> k = random_matrix<float>(n_keys, hd, seed + 1, scale);
+  const RowMatrix<float> v = random_matrix<float>(n_keys, hd, seed + 2);
+  const Index page_rows = c.page_rows > 0 ? c.page_rows : std::max<Index>(1, n_keys);
+  Paged<float> paged(k, v, page_rows, hd + 7, seed + 3);
+  std::vector<float> scratch_store(
+      static_cast<std::size_t>(gpt2::kernels::attention_scratch_size<float>(hd) + 16));
+  float* scratch = scratch_store.data();
+  while (reinterpret_cast<std::uintptr_t>(scratch) % 64 != 0) ++scratch;
+  const Index ldo = hd + 5;
+  std::vector<float> got(static_cast<std::size_t>(c.rows * ldo + 8), -12345.5f), want = got;
+  gpt2::kernels::AttentionTile<float> t;
+  t.rows = c.rows;
+  t.first_pos = c.first_pos;
+  t.head_dim = hd;
+  t.q = q.data();
+  t.ldq = q.outerStride();
+  t.key_pages = paged.key_pages.data();
+  t.value_pages = paged.value_pages.data();
+  t.page_rows = page_rows;
+  t.key_stride = hd + 7;
+  t.value_stride = hd + 7;
+  t.scale = 1.0f / std::sqrt(float(hd));
+  t.out = got.data();
+  t.ldo = ldo;
+  t.scratch = scratch;
+  kern.attention_tile(t);
+  std::vector<const float*> krow(static_cast<std::size_t>(n_keys)), vrow(krow.size());
+  for (Index j = 0; j < n_keys; ++j) {
+    krow[j] = paged.key_pages[j / page_rows] + (j % page_rows) * (hd + 7);
+    vrow[j] = paged.value_pages[j / page_rows] + (j % page_rows) * (hd + 7);
+  }
+  emu::attention_tile(c.rows, c.first_pos, hd, q.data(), q.outerStride(), krow.data(), vrow.data(),
+                      t.scale, want.data(), ldo);
+  const std::string where = "rows " + std::to_string(c.rows) + " first_pos " +
+                            std::to_string(c.first_pos) + " head_dim " + std::to_string(hd) +
+                            " page_rows " + std::to_string(c.page_rows);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_EQ(bits_of(got[i]), bits_of(want[i]))
+        << where << ": element " << i << " (row " << Index(i) / ldo << ", col " << Index(i) % ldo
+        << ") got " << got[i] << " want " << want[i];
+}
+
+TEST_P(CoreKernels, TileMatchesEmulation) {
+  std::uint32_t seed = 100;
+  for (Index hd : {64, 1, 5, 8, 15, 16, 17, 31, 33, 48, 63, 65, 100, 128, 130})
+    for (Index rows : {1, 2, 3, 4, 5, 6, 7, 13, 64})
+      for (Index first_pos : {0, 1, 63, 64, 65, 130}) check_tile(k(), {rows, first_pos, hd, 0}, seed++);
+  for (Index page_rows : {16, 32, 48})
+    for (Index first_pos : {0, 15, 16, 200})
+      for (Index rows : {1, 7, 64}) check_tile(k(), {rows, first_pos, 64, page_rows}, seed++);
+  // logits in the hundreds: the block maxima differ a lot, the merge factors underflow
+  for (Index first_pos : {0, 100}) check_tile(k(), {64, first_pos, 64, 0}, seed++, 6.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, CoreKernels, ::testing::Values(Isa::avx2, Isa::avx512),
+                         [](const ::testing::TestParamInfo<Isa>& info) {
+                           return std::string(gpt2::isa_name(info.param));
+                         });
+
+TEST(CoreLevels, Avx2AndAvx512GiveTheSameBits) {
+  if (!gpt2::isa_supported(Isa::avx512)) GTEST_SKIP() << "skipped: the CPU has no avx512";
+  const RowMatrix<float> q = random_matrix<float>(300, 64, 1), k = random_matrix<float>(400, 64, 2),
+                         v = random_matrix<float>(400, 64, 3);
+  gpt2::set_isa(Isa::avx2);
+  const RowMatrix<float> a = attend<float>(q, k, v);
+  gpt2::set_isa(Isa::avx512);
+  const RowMatrix<float> b = attend<float>(q, k, v);
+  gpt2::reset_isa();
+  EXPECT_TRUE(same_bits(a, b));
+}
+
+#endif
+
+// ---- every level, float and double -----------------------------------------------------------
+
+template <class T>
+class CoreRows : public ::testing::Test {};
+using Scalars = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(CoreRows, Scalars);
+
+// A row gives the same bits in every tile size and as a chunk of its own (a decode step: q is one
+// row, the keys end at its position).
+TYPED_TEST(CoreRows, ARowIsTheSameInEveryTileAndChunk) {
+  using T = TypeParam;
+  for (Index hd : {64, 7}) {
+    const Index n = 203;
+    const RowMatrix<T> q = random_matrix<T>(n, hd, 11), k = random_matrix<T>(n, hd, 12),
+                       v = random_matrix<T>(n, hd, 13);
+    const RowMatrix<T> whole = attend<T>(q, k, v);
+    for (Index tile : {1, 5, 17, 64}) {
+      const RowMatrix<T> tiled = attend<T>(q, k, v, tile);
+      ASSERT_TRUE(same_bits(whole, tiled)) << "tile " << tile << " head_dim " << hd;
+    }
+    std::mt19937 rng(hd);
+    for (int trial = 0; trial < 6; ++trial) {  // random chunks: rows a .. b over keys 0 .. b
+      const Index b = 1 + static_cast<Index>(rng() % n), a = static_cast<Index>(rng() % b);
+      const RowMatrix<T> chunk = attend<T>(q.middleRows(a, b - a), k.topRows(b), v.topRows(b));
+      ASSERT_TRUE(same_bits(chunk, RowMatrix<T>(whole.middleRows(a, b - a))))
+          << "chunk " << a << " .. " << b << " head_dim " << hd;
+    }
+  }
+}
+
+TYPED_TEST(CoreRows, PagesGiveTheContiguousBits) {
+  using T = TypeParam;
+  const Index n = 150, hd = 64;
+  const RowMatrix<T> q = random_matrix<T>(40, hd, 21), k = random_matrix<T>(n, hd, 22),
+                     v = random_matrix<T>(n, hd, 23);
+  const RowMatrix<T> want = attend<T>(q, k, v);
+  for (Index page_rows : {16, 32, 160}) {
+    Paged<T> paged(k, v, page_rows, hd + 16, 24);
+    RowMatrix<T> got = RowMatrix<T>::Constant(40, hd, T(-1));
+    gpt2::AttentionScratch<T> scratch;
+    gpt2::causal_attention_head<T>(q, paged.view, got, scratch);
+    EXPECT_TRUE(same_bits(want, got)) << "page_rows " << page_rows;
+  }
+}
+
+TYPED_TEST(CoreRows, MatchesTheDoubleReference) {
+  using T = TypeParam;
+  const double tol = std::is_same<T, float>::value ? 2e-5 : 1e-12;
+  for (Index past : {0, 5, 64, 200})
+    for (Index T_ : {1, 3, 64, 100}) {
+      const RowMatrix<double> q = random_matrix<double>(T_, 64, 31, 2.0),
+                              k = random_matrix<double>(past + T_, 64, 32, 2.0),
+                              v = random_matrix<double>(past + T_, 64, 33);
+      const RowMatrix<T> got =
+          attend<T>(q.cast<T>().eval(), k.cast<T>().eval(), v.cast<T>().eval());
+      const RowMatrix<double> want = reference(q.cast<T>().template cast<double>(),
+                                               k.cast<T>().template cast<double>(),
+                                               v.cast<T>().template cast<double>());
+      const double err = (got.template cast<double>() - want).cwiseAbs().maxCoeff();
+      EXPECT_LT(err, tol) << "past " << past << " T " << T_;
+    }
+}
+
+TYPED_TEST(CoreRows, SpecialValuesStayInTheirRows) {
+  using T = TypeParam;
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  const Index n = 150, hd = 16;
+  RowMatrix<T> q = random_matrix<T>(n, hd, 41), k = random_matrix<T>(n, hd, 42),
+               v = random_matrix<T>(n, hd, 43);
+  // A NaN in key 100: rows before it are finite and unchanged, rows from it on are NaN.
+  const RowMatrix<T> clean = attend<T>(q, k, v);
+  RowMatrix<T> kn = k;
+  kn(100, 3) = nan;
+  const RowMatrix<T> with_nan = attend<T>(q, kn, v);
+  ASSERT_TRUE(same_bits(RowMatrix<T>(with_nan.topRows(100)), RowMatrix<T>(clean.topRows(100))));
+  for (Index i = 100; i < n; ++i) EXPECT_TRUE(with_nan.row(i).array().isNaN().all()) << i;
+  // An Inf value in row 70: rows before it unchanged.
+  RowMatrix<T> vi = v;
+  vi(70, 0) = inf;
+  const RowMatrix<T> with_inf = attend<T>(q, k, vi);
+  ASSERT_TRUE(same_bits(RowMatrix<T>(with_inf.topRows(70)), RowMatrix<T>(clean.topRows(70))));
+  EXPECT_FALSE(std::isfinite(with_inf(70, 0)));
+  // Logits in the thousands: finite, and a weighted mean of the values (within their range).
+  const RowMatrix<T> big = attend<T>(RowMatrix<T>(q * T(300)), k, v);
+  ASSERT_TRUE(big.allFinite());
+  for (Index i = 0; i < n; ++i)
+    for (Index d = 0; d < hd; ++d) {
+      EXPECT_LE(big(i, d), v.topRows(i + 1).col(d).maxCoeff() + T(1e-4));
+      EXPECT_GE(big(i, d), v.topRows(i + 1).col(d).minCoeff() - T(1e-4));
+    }
+  // Tiny inputs (subnormal products): the mean of the values seen.
+  const RowMatrix<T> tiny = attend<T>(RowMatrix<T>(q * T(1e-30)), RowMatrix<T>(k * T(1e-30)), v);
+  for (Index i : {0, 1, 77, 149}) {
+    const Eigen::Matrix<T, 1, Eigen::Dynamic> mean = v.topRows(i + 1).colwise().mean();
+    EXPECT_LT((tiny.row(i) - mean).cwiseAbs().maxCoeff(), T(1e-5)) << i;
+  }
+  // A key at -inf (q . k = -inf): that key gets weight 0.
+  RowMatrix<T> km = k, qm = q;
+  qm.col(0).setConstant(T(1));
+  km(5, 0) = -inf;
+  const RowMatrix<T> masked = attend<T>(qm, km, v);
+  EXPECT_TRUE(masked.allFinite());
+}
+
+}  // namespace
