@@ -966,6 +966,28 @@ TEST_F(CliBatchTest, SharePrefixGivesTheRunWithoutIt) {
       }
     }
   }
+  // Longer sequences: a prefix of 20 rows ends inside the second 16-position block (the forks copy
+  // it), the first steps and the decode steps cross blocks.
+  {
+    const Index B = 3, T = 40, n20 = 20;
+    std::mt19937 rng(9);
+    RowMatrix<float> xl = random_matrix(rng, B * T, kC, 1.0f);
+    for (Index b = 1; b < B; ++b) xl.middleRows(b * T, n20) = xl.topRows(n20);
+    gpt2::npy::write<float>(file("xl.npy"), xl.data(), {B, T, kC});
+    for (const std::string prefill : {"", "5", "25", "40"}) {
+      SCOPED_TRACE("[3, 40, 64], --prefill '" + prefill + "'");
+      std::vector<std::string> flags = {"--lengths", "40,33,21"};
+      if (!prefill.empty()) flags.insert(flags.end(), {"--prefill", prefill});
+      ASSERT_EQ(run_batch(flags, "xl.npy").status, 0);
+      const std::string y = read_text(file("yb.npy")), p = read_text(file("pb.npy"));
+      flags.insert(flags.end(), {"--share-prefix", "20"});
+      EXPECT_SUCCESS(run_batch(flags, "xl.npy"));
+      EXPECT_EQ(read_text(file("pb.npy")), p);
+      if (row_exact) {
+        EXPECT_EQ(read_text(file("yb.npy")), y);
+      }
+    }
+  }
   // N = 0 (nothing shared) and N = the shortest sequence
   for (const std::string share : {"0", "4"}) {
     ASSERT_EQ(run_batch({"--starts", csv(starts), "--lengths", csv(lengths), "--prefill", "1"}, "xs.npy").status, 0);
