@@ -2,20 +2,24 @@
 // (incremental.hpp, batch.hpp), bitwise at the level the run uses: chunked prefill and decode,
 // fork trees sharing a prompt (copy-on-write inside the forwards), several layers on one table,
 // batched decode of forked sequences with padding, exhaustion inside a batched step, and the
-// checks. ctest runs it at every kernel level.
+// checks; and forks of a prompt against PyTorch's past_key_values (the "past" fixtures of
+// tests/reference/generate.py). ctest runs it at every kernel level.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gpt2/attention.hpp"
 #include "gpt2/paged_attention.hpp"
+#include "support/accuracy.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
+#include "support/fixture.hpp"
 #include "support/models.hpp"
 
 namespace {
@@ -306,6 +310,71 @@ TYPED_TEST(PagedAttentionTest, Checks) {
                        }),
                        "KV block pool: growing a sequence of 20 positions by 20 needs 1 free blocks, 0 of 2 are free"));
   EXPECT_EQ(seq.length(), 20);
+}
+
+// A "past" fixture (HF GPT2Attention fed the fixture's chunks with past_key_values): its first
+// chunk prefilled once, then two forks of it each fed the remaining chunks (copying the shared
+// partly filled block). Both forks' outputs and cached keys and values (HF's `present`) against
+// PyTorch, at the accuracy bar of test_reference_incremental; the two forks bitwise alike.
+template <class T>
+void check_past_forks(const std::string& name) {
+  const gpt2::test::Fixture f(name);
+  ASSERT_EQ(f.meta("kind"), "past");
+  const std::unique_ptr<gpt2::test::CaseInputs<T>> in = gpt2::test::inputs_for<T>(f);
+  if (!in) GTEST_SKIP() << "GPT2_SMALL_WEIGHTS not set: skipping the real GPT-2 weights test " << name;
+  const gpt2::AttentionWeights<T>& w = in->weights();
+  const Index T_ = f.tokens(), C = f.n_embd(), H = f.n_head(), hd = f.head_dim();
+  std::vector<Index> chunks;
+  {
+    std::stringstream csv(f.meta("chunks"));
+    for (std::string item; std::getline(csv, item, ',');) chunks.push_back(std::stoll(item));
+  }
+  const Index br = gpt2::kKVBlockRows;
+  KVBlockPool<T> pool(w.config(), 3 * ((T_ + br - 1) / br) + 2);
+  PagedSequence<T> root(pool);
+  Workspace<T> ws(w.config());
+  RowMatrix<T> first_out(chunks[0], C);
+  gpt2::attention_forward<T>(w, in->x.topRows(chunks[0]), root, ws, first_out);
+  std::vector<PagedSequence<T>> forks;
+  forks.push_back(root.fork());
+  forks.push_back(root.fork());
+  std::vector<RowMatrix<T>> outs(2, RowMatrix<T>(T_, C));
+  for (std::size_t i = 0; i < 2; ++i) {
+    outs[i].topRows(chunks[0]) = first_out;
+    Index pos = chunks[0];
+    for (std::size_t c = 1; c < chunks.size(); ++c) {
+      gpt2::attention_forward<T>(w, in->x.middleRows(pos, chunks[c]), forks[i], ws,
+                                 outs[i].middleRows(pos, chunks[c]));
+      pos += chunks[c];
+    }
+    ASSERT_EQ(pos, T_);
+  }
+  ASSERT_TRUE(same_bits<T>(outs[1], outs[0]));
+  const std::vector<Index>& rows = f.rows();
+  const Index R = static_cast<Index>(rows.size());
+  for (std::size_t i = 0; i < 2; ++i) {
+    RowMatrix<T> out_rows(R, C), k_rows(H * R, hd), v_rows(H * R, hd);
+    RowMatrix<double> k_ref(H * R, hd), v_ref(H * R, hd);
+    for (Index r = 0; r < R; ++r) out_rows.row(r) = outs[i].row(rows[static_cast<std::size_t>(r)]);
+    for (Index h = 0; h < H; ++h) {
+      k_ref.middleRows(h * R, R) = f.head("present_k", h);
+      v_ref.middleRows(h * R, R) = f.head("present_v", h);
+      const RowMatrix<T> k = forks[i].copy_keys(0, h), v = forks[i].copy_values(0, h);
+      for (Index r = 0; r < R; ++r) {
+        k_rows.row(h * R + r) = k.row(rows[static_cast<std::size_t>(r)]);
+        v_rows.row(h * R + r) = v.row(rows[static_cast<std::size_t>(r)]);
+      }
+    }
+    gpt2::test::expect_accurate<T>(f, "out", out_rows, f.matrix("out"));
+    gpt2::test::expect_accurate<T>(f, "present_k", k_rows, k_ref);
+    gpt2::test::expect_accurate<T>(f, "present_v", v_rows, v_ref);
+  }
+}
+
+TYPED_TEST(PagedAttentionTest, ForksAgainstPyTorch_Tiny) { check_past_forks<TypeParam>("past_tiny"); }
+TYPED_TEST(PagedAttentionTest, ForksAgainstPyTorch_Small_T40) { check_past_forks<TypeParam>("past_small_T40"); }
+TYPED_TEST(PagedAttentionTest, ForksAgainstPyTorch_RealGpt2Layer0) {
+  check_past_forks<TypeParam>("past_gpt2_layer0_T64");
 }
 
 }  // namespace
