@@ -66,12 +66,14 @@ struct AttentionTile {
 // head_dim rounded up to a multiple of 16 (the width of one row of qs and o in the scratch).
 inline Index padded_head_dim(Index head_dim) { return (head_dim + 15) / 16 * 16; }
 
-// Scratch of one tile: qs and o [kTileMaxRows, padded], k^T of a block [padded, kKeyBlock], the
-// block's p [kTileMaxRows, kKeyBlock], and six per-row scalars (m, z, l, m_b, z_b, l_b / a, c).
+// Scratch of one tile: qs and o [kTileMaxRows, padded], qs^T [padded, kTileMaxRows], k^T of a block [padded, kKeyBlock], the
+// block's values [kKeyBlock, padded], its p [kTileMaxRows, kKeyBlock], and five per-row scalars
+// (m, z, l, a, c), rounded up.
 template <class T>
 Index attention_scratch_size(Index head_dim) {
   const Index hdp = padded_head_dim(head_dim);
-  return 2 * kTileMaxRows * hdp + hdp * kKeyBlock + kTileMaxRows * kKeyBlock + 8 * kTileMaxRows;
+  return 3 * kTileMaxRows * hdp + 2 * hdp * kKeyBlock + kTileMaxRows * kKeyBlock +
+         8 * kTileMaxRows;
 }
 
 // Where the scratch's parts start (each a multiple of 16 scalars from the base).
@@ -79,8 +81,10 @@ template <class T>
 struct TileScratch {
   T* qs;     // [kTileMaxRows, hdp]
   T* o;      // [kTileMaxRows, hdp]
+  T* qt;     // [hdp, kTileMaxRows] qs transposed (the vector levels' row-vector path)
   T* kt;     // [hdp, kKeyBlock]
-  T* p;      // [kTileMaxRows, kKeyBlock]
+  T* vb;     // [kKeyBlock, hdp] the block's values, rows 64-byte aligned
+  T* p;      // [kTileMaxRows, kKeyBlock] (or [kKeyBlock, kTileMaxRows]: the row-vector path)
   T* m;      // [kTileMaxRows] running max
   T* z;      // running reference point
   T* l;      // running sum
@@ -90,8 +94,10 @@ struct TileScratch {
     const Index hdp = padded_head_dim(head_dim);
     qs = base;
     o = qs + kTileMaxRows * hdp;
-    kt = o + kTileMaxRows * hdp;
-    p = kt + hdp * kKeyBlock;
+    qt = o + kTileMaxRows * hdp;
+    kt = qt + hdp * kTileMaxRows;
+    vb = kt + hdp * kKeyBlock;
+    p = vb + kKeyBlock * hdp;
     m = p + kTileMaxRows * kKeyBlock;
     z = m + kTileMaxRows;
     l = z + kTileMaxRows;

@@ -3,7 +3,8 @@
 //
 // Per key block: k^T of the block is packed once (8 x 8 transposes in registers); the scores of up
 // to 3 rows are computed 32 keys at a time (12 accumulators) and stored; each row's block softmax
-// then runs on its stored scores; p v runs for up to 3 rows and 32 columns of head_dim at a time.
+// then runs on its stored scores; the block's values are copied once into aligned rows; p v runs
+// for up to 3 rows and 32 columns of head_dim at a time.
 #pragma once
 
 #include <algorithm>
@@ -56,6 +57,16 @@ GPT2_KERNEL_AVX2 inline void pack_keys_t(const float* const* rows, Index n, Inde
       for (Index i = 0; i < dn; ++i) _mm256_store_ps(kt + (d0 + i) * kKeyBlock + j0, r[i]);
     }
   }
+}
+
+// vb[j][0 .. hdp) = rows[j][0 .. head_dim) and zeros, j < n (the block's values, aligned and
+// contiguous: read by every row group of the tile).
+GPT2_KERNEL_AVX2 inline void pack_values(const float* const* rows, Index n, Index head_dim,
+                                         float* vb) {
+  const Index hdp = padded_head_dim(head_dim);
+  for (Index j = 0; j < n; ++j)
+    for (Index d0 = 0; d0 < hdp; d0 += 8)
+      _mm256_store_ps(vb + j * hdp + d0, _mm256_maskload_ps(rows[j] + d0, lanes(head_dim - d0)));
 }
 
 // Row r's block statistics from its 64 stored scores (n visible): p stored over them, then the
@@ -150,13 +161,10 @@ GPT2_KERNEL_AVX2 inline void score_and_softmax_rows(Index r, Index b0, const Att
 // (not decreasing with i).
 template <int R, int V>
 GPT2_KERNEL_AVX2 inline void value_rows(Index r, Index d0, const Index (&n)[kValueRows],
-                                        const float* const* vrow, const AttentionTile<float>& t,
-                                        TileScratch<float>& ts) {
+                                        const AttentionTile<float>& t, TileScratch<float>& ts) {
   const Index hdp = padded_head_dim(t.head_dim);
-  __m256i dm[V];
+  const float* vb = ts.vb + d0;
   __m256 acc[R][V];
-#pragma GCC unroll 4
-  for (int v = 0; v < V; ++v) dm[v] = lanes(t.head_dim - d0 - 8 * v);
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
@@ -165,7 +173,7 @@ GPT2_KERNEL_AVX2 inline void value_rows(Index r, Index d0, const Index (&n)[kVal
   for (Index j = 0; j < n[0]; ++j) {
     __m256 vv[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) vv[v] = _mm256_maskload_ps(vrow[j] + d0 + 8 * v, dm[v]);
+    for (int v = 0; v < V; ++v) vv[v] = _mm256_load_ps(vb + j * hdp + 8 * v);
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
       const __m256 pj = _mm256_broadcast_ss(p + i * kKeyBlock + j);
@@ -179,8 +187,7 @@ GPT2_KERNEL_AVX2 inline void value_rows(Index r, Index d0, const Index (&n)[kVal
       const __m256 pj = _mm256_broadcast_ss(p + i * kKeyBlock + jj);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm256_fmadd_ps(pj, _mm256_maskload_ps(vrow[jj] + d0 + 8 * v, dm[v]),
-                                    acc[i][v]);
+        acc[i][v] = _mm256_fmadd_ps(pj, _mm256_load_ps(vb + jj * hdp + 8 * v), acc[i][v]);
     }
   }
 #pragma GCC unroll 4
@@ -195,21 +202,21 @@ GPT2_KERNEL_AVX2 inline void value_rows(Index r, Index d0, const Index (&n)[kVal
 }
 
 template <int R>
-GPT2_KERNEL_AVX2 inline void value_rows_all(Index r, Index b0, const float* const* vrow,
-                                            const AttentionTile<float>& t, TileScratch<float>& ts) {
+GPT2_KERNEL_AVX2 inline void value_rows_all(Index r, Index b0, const AttentionTile<float>& t,
+                                            TileScratch<float>& ts) {
   Index n[kValueRows] = {};
   for (int i = 0; i < R; ++i) n[i] = visible_in_block(t.first_pos + r + i, b0);
   Index d0 = 0;
-  for (; d0 + 32 <= t.head_dim; d0 += 32) value_rows<R, 4>(r, d0, n, vrow, t, ts);
+  for (; d0 + 32 <= t.head_dim; d0 += 32) value_rows<R, 4>(r, d0, n, t, ts);
   const Index rest = t.head_dim - d0;
   if (rest > 24)
-    value_rows<R, 4>(r, d0, n, vrow, t, ts);
+    value_rows<R, 4>(r, d0, n, t, ts);
   else if (rest > 16)
-    value_rows<R, 3>(r, d0, n, vrow, t, ts);
+    value_rows<R, 3>(r, d0, n, t, ts);
   else if (rest > 8)
-    value_rows<R, 2>(r, d0, n, vrow, t, ts);
+    value_rows<R, 2>(r, d0, n, t, ts);
   else if (rest > 0)
-    value_rows<R, 1>(r, d0, n, vrow, t, ts);
+    value_rows<R, 1>(r, d0, n, t, ts);
 }
 
 // The tile (attention_tile.hpp's interface and arithmetic).
@@ -237,15 +244,16 @@ GPT2_KERNEL_AVX2 inline void attention_tile(const AttentionTile<float>& t) {
     page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
     page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
     pack_keys_t(krow, n_blk, hd, ts.kt);
+    pack_values(vrow, n_blk, hd, ts.vb);
     const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
     Index r = r_begin;
     for (; r + kScoreRows <= nb; r += kScoreRows) score_and_softmax_rows<kScoreRows>(r, b0, t, ts);
     if (nb - r == 2) score_and_softmax_rows<2>(r, b0, t, ts);
     if (nb - r == 1) score_and_softmax_rows<1>(r, b0, t, ts);
     r = r_begin;
-    for (; r + kValueRows <= nb; r += kValueRows) value_rows_all<kValueRows>(r, b0, vrow, t, ts);
-    if (nb - r == 2) value_rows_all<2>(r, b0, vrow, t, ts);
-    if (nb - r == 1) value_rows_all<1>(r, b0, vrow, t, ts);
+    for (; r + kValueRows <= nb; r += kValueRows) value_rows_all<kValueRows>(r, b0, t, ts);
+    if (nb - r == 2) value_rows_all<2>(r, b0, t, ts);
+    if (nb - r == 1) value_rows_all<1>(r, b0, t, ts);
   }
   for (Index r = 0; r < nb; ++r) {
     const __m256 l = _mm256_set1_ps(ts.l[r]);

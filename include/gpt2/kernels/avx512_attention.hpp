@@ -2,9 +2,10 @@
 // of 64 (four 16-float vectors), rows in registers.
 //
 // Per key block: k^T of the block is packed once (16 x 16 transposes in registers) and read by
-// every row of the tile; the scores of up to 6 rows (24 accumulators) are computed, masked,
-// exponentiated and summed in registers, their p stored; then p v runs for up to 4 rows at a time
-// (16 accumulators for head_dim 64) and is merged into the running o.
+// every row of the tile; the scores of up to 6 rows (24 accumulators) are computed and stored, and
+// each row's block softmax runs on them; the block's values are copied once into
+// aligned rows; then p v runs for up to 6 rows at a time (24 accumulators for head_dim 64) and is
+// merged into the running o.
 #pragma once
 
 #include <algorithm>
@@ -24,7 +25,7 @@
 namespace gpt2::kernels::avx512 {
 
 inline constexpr int kScoreRows = 6;  // rows of one score group: 24 accumulators
-inline constexpr int kValueRows = 4;  // rows of one p v group: 16 accumulators (head_dim 64)
+inline constexpr int kValueRows = 6;  // rows of one p v group: 24 accumulators (head_dim 64)
 
 // r[0 .. 16) = the 16 x 16 transpose of r (r[i][j] -> r[j][i]).
 GPT2_KERNEL_AVX512 inline void transpose16(__m512 (&r)[16]) {
@@ -73,6 +74,16 @@ GPT2_KERNEL_AVX512 inline void pack_keys_t(const float* const* rows, Index n, In
   }
 }
 
+// vb[j][0 .. hdp) = rows[j][0 .. head_dim) and zeros, j < n (the block's values, aligned and
+// contiguous: read by every row group of the tile).
+GPT2_KERNEL_AVX512 inline void pack_values(const float* const* rows, Index n, Index head_dim,
+                                           float* vb) {
+  const Index hdp = padded_head_dim(head_dim);
+  for (Index j = 0; j < n; ++j)
+    for (Index d0 = 0; d0 < hdp; d0 += 16)
+      _mm512_store_ps(vb + j * hdp + d0, _mm512_maskz_loadu_ps(lanes(d0, head_dim), rows[j] + d0));
+}
+
 // The sum of 16 lanes by halves: s_t + s_{t+8}, then + 4, + 2, + 1.
 GPT2_KERNEL_AVX512 inline float sum_by_halves(__m512 sum) {
   const __m256 u = _mm256_add_ps(_mm512_castps512_ps256(sum), _mm512_extractf32x8_ps(sum, 1));
@@ -85,16 +96,21 @@ GPT2_KERNEL_AVX512 inline float kexp1(float x) {
   return _mm_cvtss_f32(_mm512_castps512_ps128(kexp(_mm512_set1_ps(x))));
 }
 
-// Row r's block statistics from its 64 scores s (n of them visible): p stored, then the merge
-// factors a and c, and the running m, z, l updated (attention_tile.hpp's steps).
-GPT2_KERNEL_AVX512 inline void block_softmax(const __m512 (&s)[4], Index n, Index r,
-                                             TileScratch<float>& ts) {
+// Row r's block statistics from its 64 scores stored in p (n of them visible): p replaced by the
+// probabilities, then the merge factors a and c, and the running m, z, l updated
+// (attention_tile.hpp's steps). Not inlined: its constants would take registers from the score
+// loop (measured: an accumulator spilled there).
+GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax(Index n, Index r,
+                                                                       TileScratch<float>& ts) {
   const float minus_inf = -__builtin_inff();
+  float* p = ts.p + r * kKeyBlock;
   __mmask16 live[4], nan = 0;
+  __m512 s[4];
   __m512 mx = _mm512_set1_ps(minus_inf);
 #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) {
     live[v] = lanes(16 * v, n);
+    s[v] = _mm512_load_ps(p + 16 * v);
     nan |= _mm512_mask_cmp_ps_mask(live[v], s[v], s[v], _CMP_UNORD_Q);
     mx = _mm512_mask_max_ps(mx, live[v], mx, s[v]);
   }
@@ -102,7 +118,6 @@ GPT2_KERNEL_AVX512 inline void block_softmax(const __m512 (&s)[4], Index n, Inde
   const float zb = mb == minus_inf ? 0.0f : mb;
   const __m512 z = _mm512_set1_ps(zb);
   __m512 sum = _mm512_setzero_ps();
-  float* p = ts.p + r * kKeyBlock;
 #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) {
     const __m512 e = _mm512_maskz_mov_ps(live[v], kexp(_mm512_sub_ps(s[v], z)));
@@ -123,7 +138,8 @@ GPT2_KERNEL_AVX512 inline void block_softmax(const __m512 (&s)[4], Index n, Inde
   ts.c[r] = c;
 }
 
-// Scores of rows r .. r + R - 1 against the packed block (kt), then their block softmax.
+// Scores of rows r .. r + R - 1 against the packed block (kt), stored raw in p, then each row's
+// block softmax.
 template <int R>
 GPT2_KERNEL_AVX512 inline void score_rows(Index r, Index b0, const AttentionTile<float>& t,
                                           TileScratch<float>& ts) {
@@ -149,48 +165,47 @@ GPT2_KERNEL_AVX512 inline void score_rows(Index r, Index b0, const AttentionTile
   }
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
-    block_softmax(acc[i], visible_in_block(t.first_pos + r + i, b0), r + i, ts);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_store_ps(ts.p + (r + i) * kKeyBlock + 16 * v, acc[i][v]);
+  for (int i = 0; i < R; ++i) block_softmax(visible_in_block(t.first_pos + r + i, b0), r + i, ts);
 }
 
 // o[r + i][d0 .. d0 + 16 V) = fma(o_b, c, o * a) with o_b = sum_j p_j v_j over the keys row r + i
 // sees, for R rows (their key counts n[i] do not decrease with i).
 template <int R, int V>
 GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kValueRows],
-                                          const float* const* vrow, const AttentionTile<float>& t,
-                                          TileScratch<float>& ts) {
+                                          const AttentionTile<float>& t, TileScratch<float>& ts,
+                                          Index prs, Index pks) {
   const Index hdp = padded_head_dim(t.head_dim);
-  __mmask16 dm[V];
+  const float* vb = ts.vb + d0;
   __m512 acc[R][V];
-#pragma GCC unroll 4
-  for (int v = 0; v < V; ++v) dm[v] = lanes(d0 + 16 * v, t.head_dim);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
-  const float* p = ts.p + r * kKeyBlock;
+  const float* p = ts.p + r * prs;
   Index j = 0;
   for (; j < n[0]; ++j) {  // keys every row of the group sees
     __m512 vv[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) vv[v] = _mm512_maskz_loadu_ps(dm[v], vrow[j] + d0 + 16 * v);
-#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) vv[v] = _mm512_load_ps(vb + j * hdp + 16 * v);
+#pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
-      const __m512 pj = _mm512_set1_ps(p[i * kKeyBlock + j]);
+      const __m512 pj = _mm512_set1_ps(p[i * prs + j * pks]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v) acc[i][v] = _mm512_fmadd_ps(pj, vv[v], acc[i][v]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 1; i < R; ++i) {  // the later rows' own last keys (the diagonal block)
     for (Index jj = n[0]; jj < n[i]; ++jj) {
-      const __m512 pj = _mm512_set1_ps(p[i * kKeyBlock + jj]);
+      const __m512 pj = _mm512_set1_ps(p[i * prs + jj * pks]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[jj] + d0 + 16 * v),
-                                    acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_load_ps(vb + jj * hdp + 16 * v), acc[i][v]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < R; ++i) {
     const __m512 a = _mm512_set1_ps(ts.a[r + i]), c = _mm512_set1_ps(ts.c[r + i]);
     float* o = ts.o + (r + i) * hdp + d0;
@@ -201,23 +216,156 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
   }
 }
 
+// p of row i, key j at ts.p[i * prs + j * pks] (the per-row layout: prs = kKeyBlock, pks = 1;
+// the row-vector one: prs = 1, pks = kTileMaxRows).
 template <int R>
-GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const float* const* vrow,
-                                              const AttentionTile<float>& t,
-                                              TileScratch<float>& ts) {
+GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const AttentionTile<float>& t,
+                                              TileScratch<float>& ts, Index prs, Index pks) {
   Index n[kValueRows] = {};
   for (int i = 0; i < R; ++i) n[i] = visible_in_block(t.first_pos + r + i, b0);
   Index d0 = 0;
-  for (; d0 + 64 <= t.head_dim; d0 += 64) value_rows<R, 4>(r, d0, n, vrow, t, ts);
+  for (; d0 + 64 <= t.head_dim; d0 += 64) value_rows<R, 4>(r, d0, n, t, ts, prs, pks);
   const Index rest = t.head_dim - d0;
   if (rest > 48)
-    value_rows<R, 4>(r, d0, n, vrow, t, ts);
+    value_rows<R, 4>(r, d0, n, t, ts, prs, pks);
   else if (rest > 32)
-    value_rows<R, 3>(r, d0, n, vrow, t, ts);
+    value_rows<R, 3>(r, d0, n, t, ts, prs, pks);
   else if (rest > 16)
-    value_rows<R, 2>(r, d0, n, vrow, t, ts);
+    value_rows<R, 2>(r, d0, n, t, ts, prs, pks);
   else if (rest > 0)
-    value_rows<R, 1>(r, d0, n, vrow, t, ts);
+    value_rows<R, 1>(r, d0, n, t, ts, prs, pks);
+}
+
+// ---- the row-vector path: 16 rows in the lanes ----------------------------------------------
+// For a block that at least 16 rows of the tile see: the scores come out transposed (st[j][row],
+// from qs^T and broadcast keys), and each block softmax runs on 16 rows at once. Every row's
+// arithmetic is the per-row path's (the same chains, maxima, exps, sums and merges, lane by lane),
+// so both give the same bits; only the work is laid out differently.
+
+// st[j][0 .. 16 G) = the scores of key j0 + jj (jj < J) against rows 0 .. 16 G - 1 (qs^T in qt).
+template <int J, int G>
+GPT2_KERNEL_AVX512 inline void scores_t(Index j0, const float* const* krow,
+                                        const AttentionTile<float>& t, TileScratch<float>& ts) {
+  __m512 acc[J][G];
+#pragma GCC unroll 8
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) acc[jj][g] = _mm512_setzero_ps();
+  const float* k[J];
+#pragma GCC unroll 8
+  for (int jj = 0; jj < J; ++jj) k[jj] = krow[j0 + jj];
+  for (Index d = 0; d < t.head_dim; ++d) {
+    __m512 qv[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) qv[g] = _mm512_load_ps(ts.qt + d * kTileMaxRows + 16 * g);
+#pragma GCC unroll 8
+    for (int jj = 0; jj < J; ++jj) {
+      const __m512 kd = _mm512_set1_ps(k[jj][d]);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[jj][g] = _mm512_fmadd_ps(qv[g], kd, acc[jj][g]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+      _mm512_store_ps(ts.p + (j0 + jj) * kTileMaxRows + 16 * g, acc[jj][g]);
+}
+
+template <int G>
+GPT2_KERNEL_AVX512 inline void scores_t_block(Index n_blk, const float* const* krow,
+                                              const AttentionTile<float>& t,
+                                              TileScratch<float>& ts) {
+  Index j = 0;
+  for (; j + 6 <= n_blk; j += 6) scores_t<6, G>(j, krow, t, ts);
+  switch (n_blk - j) {
+    case 5: scores_t<5, G>(j, krow, t, ts); break;
+    case 4: scores_t<4, G>(j, krow, t, ts); break;
+    case 3: scores_t<3, G>(j, krow, t, ts); break;
+    case 2: scores_t<2, G>(j, krow, t, ts); break;
+    case 1: scores_t<1, G>(j, krow, t, ts); break;
+    default: break;
+  }
+}
+
+// The block softmax of rows 16 g .. 16 g + 15 (those in [ra, nb) take part) on their transposed
+// scores: p replaces them, and the rows' m, z, l, a, c are updated (block_softmax's steps).
+GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax16(
+    Index g, Index b0, Index n_blk, Index ra, Index nb, const AttentionTile<float>& t,
+    TileScratch<float>& ts) {
+  const __m512 minus_inf = _mm512_set1_ps(-__builtin_inff()), zero = _mm512_setzero_ps();
+  const __m512 nan_v = _mm512_set1_ps(__builtin_nanf(""));
+  const __mmask16 active = static_cast<__mmask16>(lanes(16 * g, nb) & ~lanes(16 * g, ra));
+  // row positions minus b0: row sees key b0 + j iff j <= pos - b0
+  const __m512i rel = _mm512_add_epi32(
+      _mm512_set1_epi32(static_cast<int>(t.first_pos + 16 * g - b0)),
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  float* st = ts.p + 16 * g;
+  __m512 mx = minus_inf;
+  __mmask16 nan = 0;
+  for (Index j = 0; j < n_blk; ++j) {
+    const __mmask16 vis = active & _mm512_cmp_epi32_mask(
+                                       rel, _mm512_set1_epi32(static_cast<int>(j)), _MM_CMPINT_NLT);
+    const __m512 x = _mm512_load_ps(st + j * kTileMaxRows);
+    nan |= _mm512_mask_cmp_ps_mask(vis, x, x, _CMP_UNORD_Q);
+    mx = _mm512_mask_max_ps(mx, vis, mx, x);
+  }
+  const __m512 mb = _mm512_mask_mov_ps(mx, nan, nan_v);
+  const __m512 zb = _mm512_mask_mov_ps(mb, _mm512_cmp_ps_mask(mb, minus_inf, _CMP_EQ_OQ), zero);
+  __m512 lane_sum[16];
+#pragma GCC unroll 16
+  for (int u = 0; u < 16; ++u) lane_sum[u] = zero;
+  for (Index j0 = 0; j0 < n_blk; j0 += 16) {
+#pragma GCC unroll 16
+    for (int u = 0; u < 16; ++u) {
+      const Index j = j0 + u;
+      if (j >= n_blk) break;
+      const __mmask16 vis = active & _mm512_cmp_epi32_mask(
+                                         rel, _mm512_set1_epi32(static_cast<int>(j)), _MM_CMPINT_NLT);
+      float* sj = st + j * kTileMaxRows;
+      const __m512 e = _mm512_maskz_mov_ps(vis, kexp(_mm512_sub_ps(_mm512_load_ps(sj), zb)));
+      _mm512_store_ps(sj, e);
+      lane_sum[u] = _mm512_add_ps(lane_sum[u], e);
+    }
+  }
+#pragma GCC unroll 8
+  for (int u = 0; u < 8; ++u) lane_sum[u] = _mm512_add_ps(lane_sum[u], lane_sum[u + 8]);
+#pragma GCC unroll 4
+  for (int u = 0; u < 4; ++u) lane_sum[u] = _mm512_add_ps(lane_sum[u], lane_sum[u + 4]);
+#pragma GCC unroll 2
+  for (int u = 0; u < 2; ++u) lane_sum[u] = _mm512_add_ps(lane_sum[u], lane_sum[u + 2]);
+  const __m512 lb = _mm512_add_ps(lane_sum[0], lane_sum[1]);
+  const __m512 m_old = _mm512_load_ps(ts.m + 16 * g), z_old = _mm512_load_ps(ts.z + 16 * g);
+  const __m512 l_old = _mm512_load_ps(ts.l + 16 * g);
+  const __mmask16 either_nan =
+      _mm512_cmp_ps_mask(m_old, m_old, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(mb, mb, _CMP_UNORD_Q);
+  const __m512 m_new = _mm512_mask_mov_ps(_mm512_max_ps(m_old, mb), either_nan, nan_v);
+  const __m512 z_new =
+      _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, minus_inf, _CMP_EQ_OQ), zero);
+  const __m512 a = _mm512_mask_mov_ps(kexp(_mm512_sub_ps(z_old, z_new)),
+                                      _mm512_cmp_ps_mask(m_old, minus_inf, _CMP_EQ_OQ), zero);
+  const __m512 c = _mm512_mask_mov_ps(kexp(_mm512_sub_ps(zb, z_new)),
+                                      _mm512_cmp_ps_mask(mb, minus_inf, _CMP_EQ_OQ), zero);
+  _mm512_mask_store_ps(ts.l + 16 * g, active, _mm512_fmadd_ps(lb, c, _mm512_mul_ps(l_old, a)));
+  _mm512_mask_store_ps(ts.m + 16 * g, active, m_new);
+  _mm512_mask_store_ps(ts.z + 16 * g, active, z_new);
+  _mm512_mask_store_ps(ts.a + 16 * g, active, a);
+  _mm512_mask_store_ps(ts.c + 16 * g, active, c);
+}
+
+// qt[d][row] = qs[row][d] for rows 0 .. 16 G - 1 (rows past nb zero), d < head_dim.
+GPT2_KERNEL_AVX512 inline void transpose_queries(Index nb, const AttentionTile<float>& t,
+                                                 TileScratch<float>& ts) {
+  const Index hdp = padded_head_dim(t.head_dim);
+  __m512 r[16];
+  for (Index r0 = 0; r0 < nb; r0 += 16)
+    for (Index d0 = 0; d0 < hdp; d0 += 16) {
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        r[i] = r0 + i < nb ? _mm512_load_ps(ts.qs + (r0 + i) * hdp + d0) : _mm512_setzero_ps();
+      transpose16(r);
+      for (Index i = 0; i < 16; ++i) _mm512_store_ps(ts.qt + (d0 + i) * kTileMaxRows + r0, r[i]);
+    }
 }
 
 // The tile (attention_tile.hpp's interface and arithmetic).
@@ -238,6 +386,8 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     ts.z[r] = 0.0f;
     ts.l[r] = 0.0f;
   }
+  const bool row_vectors = nb >= 16 && t.first_pos + nb < (Index(1) << 30);
+  if (row_vectors) transpose_queries(nb, t, ts);
   const Index last = t.first_pos + nb - 1;
   const float* krow[kKeyBlock];
   const float* vrow[kKeyBlock];
@@ -245,9 +395,31 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
     page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
     page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
-    pack_keys_t(krow, n_blk, hd, ts.kt);
+    pack_values(vrow, n_blk, hd, ts.vb);
     const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
     Index r = r_begin;
+    if (row_vectors && nb - r_begin >= 16) {  // 16 rows or more see this block: rows in lanes
+      const Index groups = (nb + 15) / 16;
+      switch (groups) {
+        case 4: scores_t_block<4>(n_blk, krow, t, ts); break;
+        case 3: scores_t_block<3>(n_blk, krow, t, ts); break;
+        case 2: scores_t_block<2>(n_blk, krow, t, ts); break;
+        default: scores_t_block<1>(n_blk, krow, t, ts); break;
+      }
+      for (Index g = r_begin / 16; g < groups; ++g) block_softmax16(g, b0, n_blk, r_begin, nb, t, ts);
+      for (; r + kValueRows <= nb; r += kValueRows)
+        value_rows_all<kValueRows>(r, b0, t, ts, 1, kTileMaxRows);
+      switch (nb - r) {
+        case 5: value_rows_all<5>(r, b0, t, ts, 1, kTileMaxRows); break;
+        case 4: value_rows_all<4>(r, b0, t, ts, 1, kTileMaxRows); break;
+        case 3: value_rows_all<3>(r, b0, t, ts, 1, kTileMaxRows); break;
+        case 2: value_rows_all<2>(r, b0, t, ts, 1, kTileMaxRows); break;
+        case 1: value_rows_all<1>(r, b0, t, ts, 1, kTileMaxRows); break;
+        default: break;
+      }
+      continue;
+    }
+    pack_keys_t(krow, n_blk, hd, ts.kt);
     for (; r + kScoreRows <= nb; r += kScoreRows) score_rows<kScoreRows>(r, b0, t, ts);
     switch (nb - r) {
       case 5: score_rows<5>(r, b0, t, ts); break;
@@ -258,11 +430,14 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
       default: break;
     }
     r = r_begin;
-    for (; r + kValueRows <= nb; r += kValueRows) value_rows_all<kValueRows>(r, b0, vrow, t, ts);
+    for (; r + kValueRows <= nb; r += kValueRows)
+      value_rows_all<kValueRows>(r, b0, t, ts, kKeyBlock, 1);
     switch (nb - r) {
-      case 3: value_rows_all<3>(r, b0, vrow, t, ts); break;
-      case 2: value_rows_all<2>(r, b0, vrow, t, ts); break;
-      case 1: value_rows_all<1>(r, b0, vrow, t, ts); break;
+      case 5: value_rows_all<5>(r, b0, t, ts, kKeyBlock, 1); break;
+      case 4: value_rows_all<4>(r, b0, t, ts, kKeyBlock, 1); break;
+      case 3: value_rows_all<3>(r, b0, t, ts, kKeyBlock, 1); break;
+      case 2: value_rows_all<2>(r, b0, t, ts, kKeyBlock, 1); break;
+      case 1: value_rows_all<1>(r, b0, t, ts, kKeyBlock, 1); break;
       default: break;
     }
   }
