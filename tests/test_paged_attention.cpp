@@ -188,6 +188,27 @@ TYPED_TEST(PagedAttentionTest, LayersOnOneTable) {
                          gpt2::attention_forward<T>(w[0], gpt2::test::random_input<T>(1, kC, 1), child, ws_paged, y);
                        }),
                        "sequence: expected a one-layer pool, got 2 layers"));
+
+  // A fork between grow() and the layers' forwards: refused before anything is written, alone
+  // and in a batch (the other sequence's rows untouched too).
+  child.grow(1);
+  root.grow(1);
+  const PagedSequence<T> early = child.fork();
+  const RowMatrix<T> root_keys = root.copy_keys(0, 0);
+  EXPECT_TRUE(Contains(error_of<gpt2::ShapeError>([&] {
+                         RowMatrix<T> y(1, kC);
+                         gpt2::attention_forward<T>(w[0], gpt2::test::random_input<T>(1, kC, 1), child, 0, ws_paged, y);
+                       }),
+                       "paged sequence: positions 26 .. 26 lie in block"));
+  PagedSequence<T>* both[] = {&root, &child};
+  RowMatrix<T> ys = RowMatrix<T>::Zero(2, kC);
+  EXPECT_TRUE(Contains(error_of<gpt2::ShapeError>([&] {
+                         gpt2::attention_forward<T>(w[0], gpt2::test::random_input<T>(2, kC, 1),
+                                                    BatchLayout::full(2, 1), both, 0, ws_paged, ys);
+                       }),
+                       "batch sequence 1: paged sequence: positions 26 .. 26 lie in block"));
+  EXPECT_TRUE(same_bits<T>(root.copy_keys(0, 0), root_keys));
+  EXPECT_TRUE(ys.isZero(0));
 }
 
 // Batched: sequences forked from one prompt, a padded first step of different lengths, then decode

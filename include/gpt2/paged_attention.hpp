@@ -69,6 +69,7 @@ void check_paged_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& 
     throw ShapeError("x: expected at most " + std::to_string(seq.length()) +
                      " rows (the sequence's positions: grow() it first), got " +
                      std::to_string(T_new));
+  if (!grows) seq.check_last_writable(T_new);  // (after its own grow, a sequence's rows are)
   const KVBlockPool<T>& pool = seq.pool();
   if (overlaps(out, pool.key_storage(layer)) || overlaps(out, pool.value_storage(layer)))
     throw ShapeError("out: must not overlap the KV block pool");

@@ -326,6 +326,24 @@ class PagedSequence {
     write_rows(layer, k, v);
   }
 
+  // ShapeError unless the last n positions (n <= length()) lie in blocks this sequence holds
+  // alone, i.e. may be written (they do after grow(), unless the sequence was forked since).
+  void check_last_writable(Index n) const {
+    if (n < 0 || n > length_)
+      throw ShapeError("k: expected at most " + std::to_string(length_) +
+                       " rows (the positions held; grow() first), got " + std::to_string(n));
+    if (n == 0) return;
+    for (Index i = (length_ - n) / pool_->block_rows(); i < blocks_for(length_); ++i) {
+      const std::int32_t b = table_[static_cast<std::size_t>(i)];
+      const std::int32_t refs = pool_->ref(b).load(std::memory_order_relaxed);
+      if (refs != 1)
+        throw ShapeError("paged sequence: positions " + std::to_string(length_ - n) + " .. " +
+                         std::to_string(length_ - 1) + " lie in block " + std::to_string(b) +
+                         ", shared by " + std::to_string(refs) +
+                         " sequences (fork between grow() and the layers' writes?)");
+    }
+  }
+
   // For a one-layer pool, as KVCache::append: grow(n), then write_last(0, k, v). CapacityError
   // (nothing changed) when the blocks do not fit.
   template <class DK, class DV>
@@ -395,19 +413,7 @@ class PagedSequence {
     check_layer(layer);
     detail::check_shape("k", {n, C}, {k.rows(), k.cols()});
     detail::check_shape("v", {n, C}, {v.rows(), v.cols()});
-    if (n > length_)
-      throw ShapeError("k: expected at most " + std::to_string(length_) +
-                       " rows (the positions held; grow() first), got " + std::to_string(n));
-    if (n == 0) return;
-    for (Index i = (length_ - n) / pool_->block_rows(); i < blocks_for(length_); ++i) {
-      const std::int32_t b = table_[static_cast<std::size_t>(i)];
-      const std::int32_t refs = pool_->ref(b).load(std::memory_order_relaxed);
-      if (refs != 1)
-        throw ShapeError("paged sequence: positions " + std::to_string(length_ - n) + " .. " +
-                         std::to_string(length_ - 1) + " lie in block " + std::to_string(b) +
-                         ", shared by " + std::to_string(refs) +
-                         " sequences (fork between grow() and the layers' writes?)");
-    }
+    check_last_writable(n);
   }
 
   // Already checked: rows length - n .. length - 1 of every head of `layer`.
