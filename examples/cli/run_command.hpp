@@ -6,6 +6,8 @@
 //   X [B, T, C]   -> Y [B, T, C]   (and probs [B, n_head, T, T]); real rows from --starts and
 //                                  --lengths (run_input.hpp), padded rows of Y exactly 0; --prefill
 //                                  N: batched decode through one KV cache per sequence (batch_run.hpp)
+//                                  --share-prefix N: the common first N rows once, in a paged KV
+//                                  cache, every sequence forked from them (shared_prefix_run.hpp)
 //   --png FILE.png: the probabilities as a picture (attention_picture.hpp): one tile per head, or
 //                   per sequence and head for a batch (sequences stacked top to bottom)
 //
