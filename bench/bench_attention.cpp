@@ -128,6 +128,9 @@ void prefill(benchmark::State& state) {
   }
   clock.stop();
   set_counters(state, clock, T, sublayer_flop(T));
+  // the scratch the forward works in: qkv and merged [T, 4C], plus per thread the attention
+  // core's tile buffer (independent of T) and the projections' packing buffers
+  state.counters["workspace_bytes"] = static_cast<double>(ws.bytes());
 }
 
 // One decode step: one new token attending to `past` cached positions plus itself. The cache is

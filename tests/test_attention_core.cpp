@@ -19,10 +19,12 @@
 #include <string>
 #include <vector>
 
+#include "gpt2/attention.hpp"
 #include "gpt2/causal_attention.hpp"
 #include "gpt2/kernels/dispatch.hpp"
 #include "kernel_emulation.hpp"
 #include "support/compare.hpp"
+#include "support/models.hpp"
 
 namespace {
 
@@ -187,6 +189,10 @@ TEST_P(CoreKernels, TileMatchesEmulation) {
   for (Index hd : {64, 1, 5, 8, 15, 16, 17, 31, 33, 48, 63, 65, 100, 128, 130})
     for (Index rows : {1, 2, 3, 4, 5, 6, 7, 13, 64})
       for (Index first_pos : {0, 1, 63, 64, 65, 130}) check_tile(k(), {rows, first_pos, hd, 0}, seed++);
+  for (Index first_pos : {127, 191, 255, 256, 300, 511, 700, 1023})  // decode: blocks in groups
+    check_tile(k(), {1, first_pos, 64, 0}, seed++);
+  check_tile(k(), {1, 700, 33, 0}, seed++);
+  check_tile(k(), {1, 700, 100, 32}, seed++);
   for (Index page_rows : {16, 32, 48})
     for (Index first_pos : {0, 15, 16, 200})
       for (Index rows : {1, 7, 64}) check_tile(k(), {rows, first_pos, 64, page_rows}, seed++);
@@ -315,6 +321,66 @@ TYPED_TEST(CoreRows, SpecialValuesStayInTheirRows) {
   km(5, 0) = -inf;
   const RowMatrix<T> masked = attend<T>(qm, km, v);
   EXPECT_TRUE(masked.allFinite());
+}
+
+// A decode row's keys in per-block partials, split in any way and merged in block order: the
+// row's bits.
+TYPED_TEST(CoreRows, PartialsMergedInOrderGiveTheRowsBits) {
+  using T = TypeParam;
+  for (Index hd : {64, 33}) {
+    for (Index n : {1, 64, 65, 300, 1000}) {
+      const RowMatrix<T> q = random_matrix<T>(1, hd, 51), k = random_matrix<T>(n, hd, 52),
+                         v = random_matrix<T>(n, hd, 53);
+      const RowMatrix<T> want = attend<T>(q, k, v);
+      Paged<T> paged(k, v, 32, hd + 3, 54);
+      const Index blocks = (n + 63) / 64, stride = gpt2::kernels::partial_stride(hd);
+      std::vector<T> store(static_cast<std::size_t>(blocks * stride + 16));
+      T* parts = store.data();
+      while (reinterpret_cast<std::uintptr_t>(parts) % 64 != 0) ++parts;
+      gpt2::AttentionScratch<T> scratch;
+      std::mt19937 rng(static_cast<unsigned>(n));
+      for (int trial = 0; trial < 3; ++trial) {
+        for (Index b = 0; b < blocks;) {  // random chunks of blocks
+          const Index e = std::min(blocks, b + 1 + static_cast<Index>(rng() % 4));
+          gpt2::detail::attention_row_partials<T>(q, paged.view, b, e, parts + b * stride, scratch);
+          b = e;
+        }
+        RowMatrix<T> got = RowMatrix<T>::Constant(1, hd, T(-1));
+        gpt2::detail::merge_row_partials<T>(hd, n, parts, got.data(), scratch);
+        ASSERT_TRUE(same_bits(want, got)) << "n " << n << " head_dim " << hd;
+      }
+    }
+  }
+}
+
+// A decode step with fewer heads than threads splits its keys over the threads: every thread
+// count gives the same bits, and (row-exact projections) the bits of one prefill.
+TYPED_TEST(CoreRows, SplitDecodeStepsAreBitwiseOnAnyThreadCount) {
+  using T = TypeParam;
+  const gpt2::test::Model<T> m = gpt2::test::random_model<T>(64, 2, 61);  // 2 heads of 32
+  const gpt2::AttentionWeights<T> w = m.weights();
+  const Index T_ = 700;
+  const RowMatrix<T> x = gpt2::test::random_input<T>(T_, 64, 62);
+  std::vector<RowMatrix<T>> outs;
+  const int before = gpt2::num_threads();
+  for (int threads : {1, 2, 3, 4, 7}) {
+    gpt2::set_num_threads(threads);
+    gpt2::KVCache<T> cache(m.config, T_);
+    gpt2::Workspace<T> ws(m.config, 600, T_);
+    RowMatrix<T> out(T_, 64);
+    gpt2::attention_forward<T>(w, x.topRows(600), cache, ws, out.topRows(600));
+    for (Index t = 600; t < T_; ++t) gpt2::attention_forward<T>(w, x.row(t), cache, ws, out.row(t));
+    outs.push_back(out);
+  }
+  gpt2::set_num_threads(before);
+  for (std::size_t i = 1; i < outs.size(); ++i)
+    EXPECT_TRUE(same_bits(outs[0], outs[i])) << "thread count #" << i;
+  if (gpt2::detail::row_exact_projections<T>()) {
+    RowMatrix<T> whole(T_, 64);
+    gpt2::Workspace<T> ws(m.config, T_);
+    gpt2::attention_forward<T>(w, x, ws, whole);
+    EXPECT_TRUE(same_bits(whole, outs[0]));
+  }
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // runs it: the first N tokens as one chunk (the prompt), then every later token on its own.
 //
 //   x [T, C] -> out [T, C] (and probs [n_head * T, T] = [n_head, T, T]), the same as one forward
-//   over x up to rounding (bitwise when N >= T: one chunk).
+//   over x: bitwise in float at the avx2 and avx512 levels (and when N >= T: one chunk), up to
+//   rounding at the generic level and in double.
 //
 // Chunk c covers positions n_past .. n_past + T_c - 1 and gives probs [n_head * T_c, n_past + T_c]
 // (row i: keys 0 .. n_past + i, exact zeros after them); head h's rows belong at rows

@@ -201,6 +201,56 @@ void attention_rows(const ConstMatrixRef<T>& q, const HeadPages<T>& kv, Index r0
   run_tile<T>(t);
 }
 
+// A decode step's row split over threads: the partials of q's one row (position kv.n_keys - 1)
+// over key blocks [block_begin, block_end) (kernels::partial_stride(head_dim) scalars each, from
+// parts), and the row from all of them; merged in block order they give attention_rows' bits.
+template <class T>
+void attention_row_partials(const ConstMatrixRef<T>& q, const HeadPages<T>& kv, Index block_begin,
+                            Index block_end, T* parts, AttentionScratch<T>& scratch) {
+  scratch.reserve_tile(q.cols());
+  kernels::AttentionTile<T> t;
+  t.rows = 1;
+  t.first_pos = kv.n_keys - 1;
+  t.head_dim = q.cols();
+  t.q = q.data() + (q.rows() - 1) * q.outerStride();
+  t.ldq = q.outerStride();
+  t.scale = T(1) / std::sqrt(T(q.cols()));
+  t.scratch = scratch.tile();
+  t.key_pages = kv.key_pages;
+  t.value_pages = kv.value_pages;
+  t.page_rows = kv.page_rows;
+  t.key_stride = kv.row_stride;
+  t.value_stride = kv.row_stride;
+  if constexpr (std::is_same<T, float>::value) {
+    if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
+      kern->row_partials(t, block_begin, block_end, parts);
+      return;
+    }
+  }
+  kernels::generic::row_partials<T>(t, block_begin, block_end, parts);
+}
+
+template <class T>
+void merge_row_partials(Index head_dim, Index n_keys, const T* parts, T* out,
+                        AttentionScratch<T>& scratch) {
+  scratch.reserve_tile(head_dim);
+  kernels::AttentionTile<T> t;
+  t.rows = 1;
+  t.first_pos = n_keys - 1;
+  t.head_dim = head_dim;
+  t.out = out;
+  t.ldo = head_dim;
+  t.scratch = scratch.tile();
+  const Index n_blocks = (n_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock;
+  if constexpr (std::is_same<T, float>::value) {
+    if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
+      kern->merge_row_partials(t, n_blocks, parts);
+      return;
+    }
+  }
+  kernels::generic::merge_row_partials<T>(t, n_blocks, parts);
+}
+
 // The same over contiguous k, v [n_keys, head_dim] (one page each; their strides may differ).
 template <class T>
 void attention_rows(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,

@@ -104,6 +104,49 @@ void proj_parallel(const AttentionWeights<T>& w, const ConstMatrixRef<T>& merged
                          ws, n_threads);
 }
 
+// A decode step (one row) with fewer heads than threads: each head's keys split into chunks of
+// 64-key blocks over the threads, every block a partial, then each head's partials merged in block
+// order, so the step gives the bits of the unsplit one on any thread count. False (nothing done)
+// when the step does not call for it. Shapes already checked.
+template <class T, class KeysOf, class ValuesOf>
+bool split_decode_step(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
+                       const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
+                       MatrixRef<T>& merged, int n_threads) {
+  const Index n_head = config.n_head, hd = config.head_dim();
+  if (qkv.rows() != 1 || n_head >= n_threads) return false;
+  const Index n_keys = keys_of(0).rows();
+  const Index n_blocks = (n_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock;
+  const Index chunks = std::min<Index>(n_blocks, (n_threads + n_head - 1) / n_head);
+  const Index stride = kernels::partial_stride(hd);
+  if (chunks < 2 || n_head * n_blocks * stride > ws.partials_size()) return false;
+  for (Index h = 0; h < n_head; ++h)
+    if (keys_of(h).outerStride() != values_of(h).outerStride()) return false;  // one row stride
+  T* parts = ws.partials();
+  parallel_tasks(n_head * chunks, n_threads, [&](Index task, int thread) {
+    const Index h = task / chunks, c = task % chunks;
+    const Index b0 = c * n_blocks / chunks, b1 = (c + 1) * n_blocks / chunks;
+    const ConstMatrixRef<T> k = keys_of(h), v = values_of(h);
+    const T* key_page = k.data();
+    const T* value_page = v.data();
+    HeadPages<T> kv;
+    kv.key_pages = &key_page;
+    kv.value_pages = &value_page;
+    kv.page_rows = n_keys;
+    kv.row_stride = k.outerStride();
+    kv.n_keys = n_keys;
+    kv.head_dim = hd;
+    attention_row_partials<T>(q_view(qkv, config, h), kv, b0, b1,
+                              parts + (h * n_blocks + b0) * stride,
+                              ws.threads[static_cast<std::size_t>(thread)].attention);
+  });
+  parallel_tasks(n_head, n_threads, [&](Index h, int thread) {
+    merge_row_partials<T>(hd, n_keys, parts + h * n_blocks * stride,
+                          head_slot(merged, config, h).data(),
+                          ws.threads[static_cast<std::size_t>(thread)].attention);
+  });
+  return true;
+}
+
 // Steps 3 and 4 for the T new tokens whose projections are in qkv [T, 3C]: head h attends with
 // q_view(qkv, h) to keys_of(h), values_of(h) [n_keys, head_dim] (n_keys >= T; the last T of them
 // belong to the new tokens) and writes its slot of merged [T, C]. probs (or null)
@@ -111,6 +154,7 @@ void proj_parallel(const AttentionWeights<T>& w, const ConstMatrixRef<T>& merged
 // head (the threads share one head's keys and values in cache), each head's costliest tiles (the
 // last rows, which see the most keys) first; ws must have room for n_keys keys on n_threads
 // threads.
+// A decode step with fewer heads than threads is split_decode_step's.
 template <class T, class KeysOf, class ValuesOf>
 void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
                   const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
@@ -126,7 +170,8 @@ void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
     }
   }
   const Index tiles = attention_row_tiles(T_);
-  if (probs) ws.reserve_probabilities();  // the two-pass path's score tiles (the first time)
+  if (!probs && split_decode_step<T>(config, qkv, keys_of, values_of, ws, merged, n_threads)) return;
+  if (probs) ws.reserve_probabilities();  // the probabilities' score tiles (the first time)
   parallel_tasks(n_head * tiles, n_threads, [&](Index task, int thread) {
     const Index h = task / tiles, tile = tiles - 1 - task % tiles;
     const Index r0 = tile * kAttentionRowBlock, nb = std::min(kAttentionRowBlock, T_ - r0);

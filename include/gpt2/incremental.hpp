@@ -6,7 +6,8 @@
 //   causal mask, as Hugging Face applies it with past_key_values).
 //
 // Splitting a sequence into chunks in any way gives the result of one forward over the whole
-// sequence, up to rounding (see docs/accuracy.md: "KV cache chunks").
+// sequence: bitwise in float at the avx2 and avx512 levels (row-exact projections and attention
+// core), up to rounding at the generic level and in double (docs/accuracy.md: "KV cache chunks").
 #pragma once
 
 #include <string>

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,7 +52,9 @@ class Workspace {
         config_(other.config_),
         capacity_(std::exchange(other.capacity_, 0)),
         key_capacity_(std::exchange(other.key_capacity_, 0)),
-        probabilities_(std::exchange(other.probabilities_, false)) {
+        probabilities_(std::exchange(other.probabilities_, false)),
+        partials_(std::move(other.partials_)),
+        partials_size_(std::exchange(other.partials_size_, 0)) {
     other.threads.clear();
   }
   Workspace& operator=(Workspace&& other) noexcept {
@@ -69,6 +73,8 @@ class Workspace {
     std::swap(capacity_, other.capacity_);
     std::swap(key_capacity_, other.key_capacity_);
     std::swap(probabilities_, other.probabilities_);
+    partials_.swap(other.partials_);
+    std::swap(partials_size_, other.partials_size_);
   }
 
   // The n_embd and n_head the buffers are shaped for (must match the weights of a forward).
@@ -79,7 +85,7 @@ class Workspace {
 
   // Bytes of all the buffers held (what a forward needs beyond its inputs, outputs and cache).
   Index bytes() const {
-    Index total = (qkv.size() + merged.size()) * static_cast<Index>(sizeof(T));
+    Index total = (qkv.size() + merged.size() + partials_size_) * static_cast<Index>(sizeof(T));
     for (const ThreadScratch<T>& t : threads) total += t.bytes();
     return total;
   }
@@ -110,6 +116,14 @@ class Workspace {
     max_keys = std::max(max_keys, key_capacity_);
     const Index C = config_.n_embd;
     RowMatrix<T> grown_qkv(max_tokens, 3 * C), grown_merged(max_tokens, C);
+    // a decode step split over threads: every head's per-block partials of its one row
+    const Index want_partials = config_.n_head *
+                                ((max_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock) *
+                                kernels::partial_stride(config_.head_dim());
+    std::unique_ptr<T, AlignedDelete> grown_partials;
+    if (want_partials > partials_size_)
+      grown_partials.reset(static_cast<T*>(::operator new(
+          static_cast<std::size_t>(want_partials) * sizeof(T), std::align_val_t(64))));
     std::vector<ThreadScratch<T>> grown_threads(static_cast<std::size_t>(want_threads));
     for (ThreadScratch<T>& t : grown_threads) {
       t.attention.reserve(max_keys, config_.head_dim());
@@ -119,6 +133,10 @@ class Workspace {
     qkv.swap(grown_qkv);
     merged.swap(grown_merged);
     threads.swap(grown_threads);
+    if (grown_partials) {
+      partials_.swap(grown_partials);
+      partials_size_ = want_partials;
+    }
     capacity_ = max_tokens;
     key_capacity_ = max_keys;
   }
@@ -134,6 +152,11 @@ class Workspace {
     probabilities_ = true;
   }
 
+  // The partials buffer of a decode step split over threads: n_head x ceil(key_capacity / 64)
+  // blocks of kernels::partial_stride(head_dim) scalars, 64-byte aligned.
+  T* partials() { return partials_.get(); }
+  Index partials_size() const { return partials_size_; }
+
   RowMatrix<T> qkv;     // [capacity, 3C]
   RowMatrix<T> merged;  // [capacity, C]
   std::vector<ThreadScratch<T>> threads;  // [thread_capacity]: thread t of a forward uses threads[t]
@@ -143,6 +166,11 @@ class Workspace {
   Index capacity_ = 0;
   Index key_capacity_ = 0;
   bool probabilities_ = false;  // reserve_probabilities() was called
+  struct AlignedDelete {
+    void operator()(T* p) const { ::operator delete(p, std::align_val_t(64)); }
+  };
+  std::unique_ptr<T, AlignedDelete> partials_;
+  Index partials_size_ = 0;
 };
 
 }  // namespace gpt2

@@ -41,6 +41,7 @@ namespace gpt2::kernels {
 inline constexpr Index kKeyBlock = 64;      // keys per block; blocks start at multiples of it
 inline constexpr Index kTileMaxRows = 64;   // query rows per tile at most
 inline constexpr Index kPageRowsAlign = 16; // page_rows: a multiple of this (or one page)
+inline constexpr Index kDecodeBlocks = 2;   // key blocks a one-row tile may work on at once
 
 // One tile's arguments. Key row j (0 <= j < first_pos + rows) is
 //   key_pages[j / page_rows] + (j % page_rows) * key_stride    (head_dim contiguous scalars)
@@ -66,14 +67,15 @@ struct AttentionTile {
 // head_dim rounded up to a multiple of 16 (the width of one row of qs and o in the scratch).
 inline Index padded_head_dim(Index head_dim) { return (head_dim + 15) / 16 * 16; }
 
-// Scratch of one tile: qs and o [kTileMaxRows, padded], qs^T [padded, kTileMaxRows], k^T of a block [padded, kKeyBlock], the
+// Scratch of one tile: qs and o [kTileMaxRows, padded], qs^T [padded, kTileMaxRows], k^T of up to
+// kDecodeBlocks blocks [padded, kKeyBlock] each, the
 // block's values [kKeyBlock, padded], its p [kTileMaxRows, kKeyBlock], and five per-row scalars
 // (m, z, l, a, c), rounded up.
 template <class T>
 Index attention_scratch_size(Index head_dim) {
   const Index hdp = padded_head_dim(head_dim);
-  return 3 * kTileMaxRows * hdp + 2 * hdp * kKeyBlock + kTileMaxRows * kKeyBlock +
-         8 * kTileMaxRows;
+  return 3 * kTileMaxRows * hdp + (kDecodeBlocks + 1) * hdp * kKeyBlock +
+         kTileMaxRows * kKeyBlock + 8 * kTileMaxRows;
 }
 
 // Where the scratch's parts start (each a multiple of 16 scalars from the base).
@@ -82,7 +84,7 @@ struct TileScratch {
   T* qs;     // [kTileMaxRows, hdp]
   T* o;      // [kTileMaxRows, hdp]
   T* qt;     // [hdp, kTileMaxRows] qs transposed (the vector levels' row-vector path)
-  T* kt;     // [hdp, kKeyBlock]
+  T* kt;     // [kDecodeBlocks][hdp, kKeyBlock] (k^T of up to kDecodeBlocks blocks)
   T* vb;     // [kKeyBlock, hdp] the block's values, rows 64-byte aligned
   T* p;      // [kTileMaxRows, kKeyBlock] (or [kKeyBlock, kTileMaxRows]: the row-vector path)
   T* m;      // [kTileMaxRows] running max
@@ -96,7 +98,7 @@ struct TileScratch {
     o = qs + kTileMaxRows * hdp;
     qt = o + kTileMaxRows * hdp;
     kt = qt + hdp * kTileMaxRows;
-    vb = kt + hdp * kKeyBlock;
+    vb = kt + kDecodeBlocks * hdp * kKeyBlock;
     p = vb + kKeyBlock * hdp;
     m = p + kTileMaxRows * kKeyBlock;
     z = m + kTileMaxRows;
@@ -120,6 +122,12 @@ inline void page_rows_of(const T* const* pages, Index page_rows, Index row_strid
   }
 }
 
+// One row's share of one key block before merging, the unit a decode step's keys are split into
+// over threads: [m_b, z_b, l_b, 13 unused | o_b (padded_head_dim)], 64-byte aligned. Merged in
+// block order (the header's merge step), partials give the bits of the tile itself.
+inline constexpr Index kPartialHeader = 16;
+inline Index partial_stride(Index head_dim) { return kPartialHeader + padded_head_dim(head_dim); }
+
 // Keys of block b0 that row position `pos` sees (0 if none).
 inline Index visible_in_block(Index pos, Index b0) {
   return std::max<Index>(0, std::min<Index>(kKeyBlock, pos + 1 - b0));
@@ -127,83 +135,154 @@ inline Index visible_in_block(Index pos, Index b0) {
 
 namespace generic {
 
+#if defined(_MSC_VER)
+#define GPT2_KERNEL_NOINLINE __declspec(noinline)
+#else
+#define GPT2_KERNEL_NOINLINE __attribute__((noinline))
+#endif
+
 // exp with the interface's edge cases (NaN stays NaN; the caller never passes +inf - +inf).
 template <class T>
 T block_exp(T x) {
   return std::exp(x);
 }
 
-// The tile, in plain C++ (float or double): the steps of the header's comment.
+// The running state of one row: max, reference point, sum, o [hdp].
+template <class T>
+struct RowState {
+  T m, z, l;
+  T* o;
+};
+
+// One row's partial over the block at b0 (n visible keys; kt its k^T, vrow its values), written to
+// part (layout of partial_stride). Out of line, so that every caller runs these very operations.
+template <class T>
+GPT2_KERNEL_NOINLINE void block_partial(const T* qs, Index head_dim, const T* kt, Index n,
+                                        const T* const* vrow, T* part) {
+  const T minus_inf = -std::numeric_limits<T>::infinity();
+  T score[kKeyBlock] = {};
+  for (Index d = 0; d < head_dim; ++d) {
+    const T qd = qs[d];
+    const T* kd = kt + d * kKeyBlock;
+    for (Index j = 0; j < kKeyBlock; ++j) score[j] += qd * kd[j];
+  }
+  T mb = minus_inf;
+  bool nan = false;
+  for (Index j = 0; j < n; ++j) {
+    nan = nan || std::isnan(score[j]);
+    mb = std::max(mb, score[j]);
+  }
+  if (nan) mb = std::numeric_limits<T>::quiet_NaN();
+  const T zb = mb == minus_inf ? T(0) : mb;
+  T p[kKeyBlock];
+  T lanes[16] = {};
+  for (Index j = 0; j < kKeyBlock; ++j) {
+    p[j] = j < n ? block_exp<T>(score[j] - zb) : T(0);
+    lanes[j % 16] += p[j];
+  }
+  for (Index half = 8; half >= 1; half /= 2)
+    for (Index i = 0; i < half; ++i) lanes[i] += lanes[i + half];
+  part[0] = mb;
+  part[1] = zb;
+  part[2] = lanes[0];
+  T* ob = part + kPartialHeader;
+  std::fill(ob, ob + head_dim, T(0));
+  for (Index j = 0; j < n; ++j) {
+    const T pj = p[j];
+    const T* v = vrow[j];
+    for (Index d = 0; d < head_dim; ++d) ob[d] += pj * v[d];
+  }
+}
+
+// Merges a partial into the row's running state (the header's merge step).
+template <class T>
+GPT2_KERNEL_NOINLINE void fold_partial(const T* part, Index head_dim, RowState<T>& st) {
+  const T minus_inf = -std::numeric_limits<T>::infinity();
+  const T mb = part[0], zb = part[1], lb = part[2];
+  const T m_new = (std::isnan(st.m) || std::isnan(mb)) ? std::numeric_limits<T>::quiet_NaN()
+                                                       : std::max(st.m, mb);
+  const T z_new = m_new == minus_inf ? T(0) : m_new;
+  const T a = st.m == minus_inf ? T(0) : block_exp<T>(st.z - z_new);
+  const T c = mb == minus_inf ? T(0) : block_exp<T>(zb - z_new);
+  st.l = lb * c + st.l * a;
+  st.m = m_new;
+  st.z = z_new;
+  const T* ob = part + kPartialHeader;
+  for (Index d = 0; d < head_dim; ++d) st.o[d] = ob[d] * c + st.o[d] * a;
+}
+
+// kt[d][j] = rows[j][d] for j < n (block keys), d < head_dim.
+template <class T>
+void pack_keys_t(const T* const* rows, Index n, Index head_dim, T* kt) {
+  for (Index j = 0; j < n; ++j)
+    for (Index d = 0; d < head_dim; ++d) kt[d * kKeyBlock + j] = rows[j][d];
+  for (Index j = n; j < kKeyBlock; ++j)
+    for (Index d = 0; d < head_dim; ++d) kt[d * kKeyBlock + j] = T(0);
+}
+
+// The tile, in plain C++ (float or double): the steps of the header's comment, row by row, each
+// block a partial merged in order.
 template <class T>
 void attention_tile(const AttentionTile<T>& t) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
-  const T minus_inf = -std::numeric_limits<T>::infinity();
   TileScratch<T> s(t.scratch, hd);
   for (Index r = 0; r < nb; ++r) {
     for (Index d = 0; d < hd; ++d) s.qs[r * hdp + d] = t.q[r * t.ldq + d] * t.scale;
     std::fill(s.o + r * hdp, s.o + r * hdp + hdp, T(0));
-    s.m[r] = minus_inf;
+    s.m[r] = -std::numeric_limits<T>::infinity();
     s.z[r] = T(0);
     s.l[r] = T(0);
   }
   const Index last = t.first_pos + nb - 1;
   const T* krow[kKeyBlock];
   const T* vrow[kKeyBlock];
+  T* part = s.vb;  // one partial at a time
   for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
     const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
     page_rows_of<T>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
     page_rows_of<T>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
-    for (Index j = 0; j < n_blk; ++j)
-      for (Index d = 0; d < hd; ++d) s.kt[d * kKeyBlock + j] = krow[j][d];
+    pack_keys_t<T>(krow, n_blk, hd, s.kt);
     for (Index r = std::max<Index>(0, b0 - t.first_pos); r < nb; ++r) {
-      const Index n = visible_in_block(t.first_pos + r, b0);
-      T score[kKeyBlock] = {};
-      for (Index d = 0; d < hd; ++d) {
-        const T qd = s.qs[r * hdp + d];
-        const T* kd = s.kt + d * kKeyBlock;
-        for (Index j = 0; j < kKeyBlock; ++j) score[j] += qd * kd[j];
-      }
-      T mb = minus_inf;
-      bool nan = false;
-      for (Index j = 0; j < n; ++j) {
-        nan = nan || std::isnan(score[j]);
-        mb = std::max(mb, score[j]);
-      }
-      if (nan) mb = std::numeric_limits<T>::quiet_NaN();
-      const T zb = mb == minus_inf ? T(0) : mb;
-      T* p = s.p + r * kKeyBlock;
-      T lanes[16] = {};
-      for (Index j = 0; j < kKeyBlock; ++j) {
-        p[j] = j < n ? block_exp<T>(score[j] - zb) : T(0);
-        lanes[j % 16] += p[j];
-      }
-      for (Index half = 8; half >= 1; half /= 2)
-        for (Index i = 0; i < half; ++i) lanes[i] += lanes[i + half];
-      const T m_old = s.m[r];
-      const T m_new = (std::isnan(m_old) || std::isnan(mb)) ? std::numeric_limits<T>::quiet_NaN()
-                                                           : std::max(m_old, mb);
-      const T z_new = m_new == minus_inf ? T(0) : m_new;
-      const T a = m_old == minus_inf ? T(0) : block_exp<T>(s.z[r] - z_new);
-      const T c = mb == minus_inf ? T(0) : block_exp<T>(zb - z_new);
-      s.l[r] = lanes[0] * c + s.l[r] * a;
-      s.m[r] = m_new;
-      s.z[r] = z_new;
-      T ob[256];
-      T* o = s.o + r * hdp;
-      for (Index d0 = 0; d0 < hd; d0 += 256) {
-        const Index w = std::min<Index>(256, hd - d0);
-        std::fill(ob, ob + w, T(0));
-        for (Index j = 0; j < n; ++j) {
-          const T pj = p[j];
-          const T* v = vrow[j] + d0;
-          for (Index d = 0; d < w; ++d) ob[d] += pj * v[d];
-        }
-        for (Index d = 0; d < w; ++d) o[d0 + d] = ob[d] * c + o[d0 + d] * a;
-      }
+      block_partial<T>(s.qs + r * hdp, hd, s.kt, visible_in_block(t.first_pos + r, b0), vrow,
+                       part);
+      RowState<T> st{s.m[r], s.z[r], s.l[r], s.o + r * hdp};
+      fold_partial<T>(part, hd, st);
+      s.m[r] = st.m;
+      s.z[r] = st.z;
+      s.l[r] = st.l;
     }
   }
   for (Index r = 0; r < nb; ++r)
     for (Index d = 0; d < hd; ++d) t.out[r * t.ldo + d] = s.o[r * hdp + d] / s.l[r];
+}
+
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end),
+// partial_stride(head_dim) apart from parts.
+template <class T>
+void row_partials(const AttentionTile<T>& t, Index block_begin, Index block_end, T* parts) {
+  const Index hd = t.head_dim;
+  TileScratch<T> s(t.scratch, hd);
+  for (Index d = 0; d < hd; ++d) s.qs[d] = t.q[d] * t.scale;
+  const T* krow[kKeyBlock];
+  const T* vrow[kKeyBlock];
+  for (Index b = block_begin; b < block_end; ++b) {
+    const Index b0 = b * kKeyBlock, n = visible_in_block(t.first_pos, b0);
+    page_rows_of<T>(t.key_pages, t.page_rows, t.key_stride, b0, n, krow);
+    page_rows_of<T>(t.value_pages, t.page_rows, t.value_stride, b0, n, vrow);
+    pack_keys_t<T>(krow, n, hd, s.kt);
+    block_partial<T>(s.qs, hd, s.kt, n, vrow, parts + (b - block_begin) * partial_stride(hd));
+  }
+}
+
+// The tile's one row from all its partials (blocks 0 .. n_blocks - 1, in order): t.out.
+template <class T>
+void merge_row_partials(const AttentionTile<T>& t, Index n_blocks, const T* parts) {
+  const Index hd = t.head_dim;
+  TileScratch<T> s(t.scratch, hd);
+  std::fill(s.o, s.o + padded_head_dim(hd), T(0));
+  RowState<T> st{-std::numeric_limits<T>::infinity(), T(0), T(0), s.o};
+  for (Index b = 0; b < n_blocks; ++b) fold_partial<T>(parts + b * partial_stride(hd), hd, st);
+  for (Index d = 0; d < hd; ++d) t.out[d] = s.o[d] / st.l;
 }
 
 }  // namespace generic

@@ -71,9 +71,8 @@ GPT2_KERNEL_AVX2 inline void pack_values(const float* const* rows, Index n, Inde
 
 // Row r's block statistics from its 64 stored scores (n visible): p stored over them, then the
 // merge factors and the running m, z, l (attention_tile.hpp's steps; avx512's bits).
-GPT2_KERNEL_AVX2 inline void block_softmax(Index n, Index r, TileScratch<float>& ts) {
+GPT2_KERNEL_AVX2 inline void block_stats(Index n, float* p, float* stats) {
   const float minus_inf = -std::numeric_limits<float>::infinity();
-  float* p = ts.p + r * kKeyBlock;
   __m256 live[8], x[8];
   __m256 mx = _mm256_set1_ps(minus_inf), nan = _mm256_setzero_ps();
 #pragma GCC unroll 8
@@ -103,7 +102,15 @@ GPT2_KERNEL_AVX2 inline void block_softmax(Index n, Index r, TileScratch<float>&
   const __m256 u = _mm256_add_ps(s0, s1);
   const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
   const __m128 w = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
-  const float lb = _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+  stats[0] = mb;
+  stats[1] = zb;
+  stats[2] = _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+}
+
+// Row r's running m, z, l merged with a block's statistics; the merge's a and c kept for its o.
+GPT2_KERNEL_AVX2 inline void merge_stats(Index r, float mb, float zb, float lb,
+                                         TileScratch<float>& ts) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
   const float m_old = ts.m[r];
   const float m_new = (m_old != m_old || mb != mb) ? std::numeric_limits<float>::quiet_NaN()
                                                    : std::max(m_old, mb);
@@ -116,6 +123,12 @@ GPT2_KERNEL_AVX2 inline void block_softmax(Index n, Index r, TileScratch<float>&
   ts.z[r] = z_new;
   ts.a[r] = a;
   ts.c[r] = c;
+}
+
+GPT2_KERNEL_AVX2 inline void block_softmax(Index n, Index r, TileScratch<float>& ts) {
+  float stats[3];
+  block_stats(n, ts.p + r * kKeyBlock, stats);
+  merge_stats(r, stats[0], stats[1], stats[2], ts);
 }
 
 // Scores of rows r .. r + R - 1 against keys j0 .. j0 + 31 of the packed block, stored raw in p.
@@ -161,7 +174,8 @@ GPT2_KERNEL_AVX2 inline void score_and_softmax_rows(Index r, Index b0, const Att
 // (not decreasing with i).
 template <int R, int V>
 GPT2_KERNEL_AVX2 inline void value_rows(Index r, Index d0, const Index (&n)[kValueRows],
-                                        const AttentionTile<float>& t, TileScratch<float>& ts) {
+                                        const AttentionTile<float>& t, TileScratch<float>& ts,
+                                        float* ob = nullptr) {
   const Index hdp = padded_head_dim(t.head_dim);
   const float* vb = ts.vb + d0;
   __m256 acc[R][V];
@@ -190,6 +204,11 @@ GPT2_KERNEL_AVX2 inline void value_rows(Index r, Index d0, const Index (&n)[kVal
         acc[i][v] = _mm256_fmadd_ps(pj, _mm256_load_ps(vb + jj * hdp + 8 * v), acc[i][v]);
     }
   }
+  if (ob != nullptr) {  // a partial (R = 1): o_b itself
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) _mm256_store_ps(ob + d0 + 8 * v, acc[0][v]);
+    return;
+  }
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i) {
     const __m256 a = _mm256_set1_ps(ts.a[r + i]), c = _mm256_set1_ps(ts.c[r + i]);
@@ -203,20 +222,81 @@ GPT2_KERNEL_AVX2 inline void value_rows(Index r, Index d0, const Index (&n)[kVal
 
 template <int R>
 GPT2_KERNEL_AVX2 inline void value_rows_all(Index r, Index b0, const AttentionTile<float>& t,
-                                            TileScratch<float>& ts) {
+                                            TileScratch<float>& ts, float* ob = nullptr) {
   Index n[kValueRows] = {};
   for (int i = 0; i < R; ++i) n[i] = visible_in_block(t.first_pos + r + i, b0);
   Index d0 = 0;
-  for (; d0 + 32 <= t.head_dim; d0 += 32) value_rows<R, 4>(r, d0, n, t, ts);
+  for (; d0 + 32 <= t.head_dim; d0 += 32) value_rows<R, 4>(r, d0, n, t, ts, ob);
   const Index rest = t.head_dim - d0;
   if (rest > 24)
-    value_rows<R, 4>(r, d0, n, t, ts);
+    value_rows<R, 4>(r, d0, n, t, ts, ob);
   else if (rest > 16)
-    value_rows<R, 3>(r, d0, n, t, ts);
+    value_rows<R, 3>(r, d0, n, t, ts, ob);
   else if (rest > 8)
-    value_rows<R, 2>(r, d0, n, t, ts);
+    value_rows<R, 2>(r, d0, n, t, ts, ob);
   else if (rest > 0)
-    value_rows<R, 1>(r, d0, n, t, ts);
+    value_rows<R, 1>(r, d0, n, t, ts, ob);
+}
+
+// row 0's q scaled into qs, its o zeroed, its state at the start.
+GPT2_KERNEL_AVX2 inline void init_row(const AttentionTile<float>& t, TileScratch<float>& ts) {
+  const Index hd = t.head_dim, hdp = padded_head_dim(hd);
+  const __m256 scale = _mm256_set1_ps(t.scale);
+  for (Index d0 = 0; d0 < hdp; d0 += 8) {
+    _mm256_store_ps(ts.qs + d0, _mm256_mul_ps(_mm256_maskload_ps(t.q + d0, lanes(hd - d0)), scale));
+    _mm256_store_ps(ts.o + d0, _mm256_setzero_ps());
+  }
+  ts.m[0] = -std::numeric_limits<float>::infinity();
+  ts.z[0] = 0.0f;
+  ts.l[0] = 0.0f;
+}
+
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
+GPT2_KERNEL_AVX2 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
+                                          Index block_end, float* parts) {
+  const Index hd = t.head_dim, stride = partial_stride(hd);
+  TileScratch<float> ts(t.scratch, hd);
+  init_row(t, ts);
+  const float* krow[kKeyBlock];
+  const float* vrow[kKeyBlock];
+  for (Index b = block_begin; b < block_end; ++b) {
+    const Index b0 = b * kKeyBlock, n = visible_in_block(t.first_pos, b0);
+    page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n, krow);
+    page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n, vrow);
+    pack_keys_t(krow, n, hd, ts.kt);
+    pack_values(vrow, n, hd, ts.vb);
+    score_rows<1>(0, 0, t, ts);
+    score_rows<1>(0, 32, t, ts);
+    float* part = parts + (b - block_begin) * stride;
+    block_stats(n, ts.p, part);
+    value_rows_all<1>(0, b0, t, ts, part + kPartialHeader);
+  }
+}
+
+// Row 0's running state merged with a partial.
+GPT2_KERNEL_AVX2 inline void fold_partial(const float* part, Index head_dim,
+                                          TileScratch<float>& ts) {
+  merge_stats(0, part[0], part[1], part[2], ts);
+  const __m256 a = _mm256_set1_ps(ts.a[0]), c = _mm256_set1_ps(ts.c[0]);
+  const float* ob = part + kPartialHeader;
+  for (Index d0 = 0; d0 < head_dim; d0 += 8)
+    _mm256_store_ps(ts.o + d0, _mm256_fmadd_ps(_mm256_load_ps(ob + d0), c,
+                                               _mm256_mul_ps(_mm256_load_ps(ts.o + d0), a)));
+}
+
+// The tile's one row from its n_blocks partials (merged in block order): t.out.
+GPT2_KERNEL_AVX2 inline void merge_row_partials(const AttentionTile<float>& t, Index n_blocks,
+                                                const float* parts) {
+  TileScratch<float> ts(t.scratch, t.head_dim);
+  for (Index d0 = 0; d0 < padded_head_dim(t.head_dim); d0 += 8) _mm256_store_ps(ts.o + d0, _mm256_setzero_ps());
+  ts.m[0] = -std::numeric_limits<float>::infinity();
+  ts.z[0] = 0.0f;
+  ts.l[0] = 0.0f;
+  for (Index b = 0; b < n_blocks; ++b) fold_partial(parts + b * partial_stride(t.head_dim), t.head_dim, ts);
+  const __m256 l = _mm256_set1_ps(ts.l[0]);
+  for (Index d0 = 0; d0 < t.head_dim; d0 += 8)
+    _mm256_maskstore_ps(t.out + d0, lanes(t.head_dim - d0),
+                        _mm256_div_ps(_mm256_load_ps(ts.o + d0), l));
 }
 
 // The tile (attention_tile.hpp's interface and arithmetic).

@@ -378,9 +378,9 @@ GPT2_KERNEL_AVX512 inline __m512 kexp(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
   const __m512 y =
       _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  __m512 result = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  // y * 2^n in one rounded step (vscalefps: for n in [-126, 127], which the clamps above
+  // guarantee wherever the result is kept, exactly the product with 2^n)
+  __m512 result = _mm512_scalef_ps(y, n);
   result = _mm512_mask_mov_ps(result, under, _mm512_setzero_ps());
   return _mm512_mask_mov_ps(result, nan, x);
 }

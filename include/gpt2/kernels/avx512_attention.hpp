@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/avx512.hpp"
@@ -100,10 +101,9 @@ GPT2_KERNEL_AVX512 inline float kexp1(float x) {
 // probabilities, then the merge factors a and c, and the running m, z, l updated
 // (attention_tile.hpp's steps). Not inlined: its constants would take registers from the score
 // loop (measured: an accumulator spilled there).
-GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax(Index n, Index r,
-                                                                       TileScratch<float>& ts) {
+GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_stats(Index n, float* p,
+                                                                     float* stats) {
   const float minus_inf = -__builtin_inff();
-  float* p = ts.p + r * kKeyBlock;
   __mmask16 live[4], nan = 0;
   __m512 s[4];
   __m512 mx = _mm512_set1_ps(minus_inf);
@@ -124,7 +124,16 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax(Index n, 
     _mm512_store_ps(p + 16 * v, e);
     sum = _mm512_add_ps(sum, e);
   }
-  const float lb = sum_by_halves(sum);
+  stats[0] = mb;
+  stats[1] = zb;
+  stats[2] = sum_by_halves(sum);
+}
+
+// Row r's running m, z, l merged with a block's statistics (m_b, z_b, l_b); the factors a and c of
+// the merge kept in ts.a[r], ts.c[r] for its o.
+GPT2_KERNEL_AVX512 inline void merge_stats(Index r, float mb, float zb, float lb,
+                                           TileScratch<float>& ts) {
+  const float minus_inf = -__builtin_inff();
   const float m_old = ts.m[r];
   const float m_new = (m_old != m_old || mb != mb) ? __builtin_nanf("") : std::max(m_old, mb);
   const float z_new = m_new == minus_inf ? 0.0f : m_new;
@@ -136,6 +145,23 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax(Index n, 
   ts.z[r] = z_new;
   ts.a[r] = a;
   ts.c[r] = c;
+}
+
+GPT2_KERNEL_AVX512 inline void block_softmax(Index n, Index r, TileScratch<float>& ts) {
+  float stats[3];
+  block_stats(n, ts.p + r * kKeyBlock, stats);
+  merge_stats(r, stats[0], stats[1], stats[2], ts);
+}
+
+// Row 0's running state merged with a partial (attention_tile.hpp's layout).
+GPT2_KERNEL_AVX512 inline void fold_partial(const float* part, Index head_dim,
+                                            TileScratch<float>& ts) {
+  merge_stats(0, part[0], part[1], part[2], ts);
+  const __m512 a = _mm512_set1_ps(ts.a[0]), c = _mm512_set1_ps(ts.c[0]);
+  const float* ob = part + kPartialHeader;
+  for (Index d0 = 0; d0 < head_dim; d0 += 16)
+    _mm512_store_ps(ts.o + d0, _mm512_fmadd_ps(_mm512_load_ps(ob + d0), c,
+                                               _mm512_mul_ps(_mm512_load_ps(ts.o + d0), a)));
 }
 
 // Scores of rows r .. r + R - 1 against the packed block (kt), stored raw in p, then each row's
@@ -174,11 +200,13 @@ GPT2_KERNEL_AVX512 inline void score_rows(Index r, Index b0, const AttentionTile
 // sees, for R rows (their key counts n[i] do not decrease with i).
 template <int R, int V>
 GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kValueRows],
-                                          const AttentionTile<float>& t, TileScratch<float>& ts,
-                                          Index prs, Index pks) {
+                                          const float* const* vrow, const AttentionTile<float>& t,
+                                          TileScratch<float>& ts, Index prs, Index pks) {
   const Index hdp = padded_head_dim(t.head_dim);
-  const float* vb = ts.vb + d0;
+  __mmask16 dm[V];
   __m512 acc[R][V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) dm[v] = lanes(d0 + 16 * v, t.head_dim);
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
@@ -188,7 +216,7 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
   for (; j < n[0]; ++j) {  // keys every row of the group sees
     __m512 vv[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) vv[v] = _mm512_load_ps(vb + j * hdp + 16 * v);
+    for (int v = 0; v < V; ++v) vv[v] = _mm512_maskz_loadu_ps(dm[v], vrow[j] + d0 + 16 * v);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const __m512 pj = _mm512_set1_ps(p[i * prs + j * pks]);
@@ -202,7 +230,8 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
       const __m512 pj = _mm512_set1_ps(p[i * prs + jj * pks]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_load_ps(vb + jj * hdp + 16 * v), acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[jj] + d0 + 16 * v),
+                                    acc[i][v]);
     }
   }
 #pragma GCC unroll 8
@@ -219,21 +248,166 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
 // p of row i, key j at ts.p[i * prs + j * pks] (the per-row layout: prs = kKeyBlock, pks = 1;
 // the row-vector one: prs = 1, pks = kTileMaxRows).
 template <int R>
-GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const AttentionTile<float>& t,
+GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const float* const* vrow,
+                                              const AttentionTile<float>& t,
                                               TileScratch<float>& ts, Index prs, Index pks) {
   Index n[kValueRows] = {};
   for (int i = 0; i < R; ++i) n[i] = visible_in_block(t.first_pos + r + i, b0);
   Index d0 = 0;
-  for (; d0 + 64 <= t.head_dim; d0 += 64) value_rows<R, 4>(r, d0, n, t, ts, prs, pks);
+  for (; d0 + 64 <= t.head_dim; d0 += 64) value_rows<R, 4>(r, d0, n, vrow, t, ts, prs, pks);
   const Index rest = t.head_dim - d0;
   if (rest > 48)
-    value_rows<R, 4>(r, d0, n, t, ts, prs, pks);
+    value_rows<R, 4>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 32)
-    value_rows<R, 3>(r, d0, n, t, ts, prs, pks);
+    value_rows<R, 3>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 16)
-    value_rows<R, 2>(r, d0, n, t, ts, prs, pks);
+    value_rows<R, 2>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 0)
-    value_rows<R, 1>(r, d0, n, t, ts, prs, pks);
+    value_rows<R, 1>(r, d0, n, vrow, t, ts, prs, pks);
+}
+
+// ---- one query row (a decode step): NB key blocks at once ---------------------------------
+// A row's chains (its scores over d, its p v over the keys) are 64 fused multiply-adds deep per
+// block: one block at a time, their latency bounds the step. NB blocks' chains are independent and
+// run interleaved here; the block softmaxes and the merges still follow the blocks in order, so the
+// bits are the per-block path's.
+
+// o[d0 .. d0 + 16 V) merged with the p v of NB blocks (values vrow[i][j], keys n[i]; only the last
+// block may be partial).
+template <int NB, int V>
+GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeBlocks],
+                                             const float* const (&vrow)[kDecodeBlocks][kKeyBlock],
+                                             const AttentionTile<float>& t,
+                                             TileScratch<float>& ts, float* parts) {
+  __mmask16 dm[V];
+  __m512 acc[NB][V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) dm[v] = lanes(d0 + 16 * v, t.head_dim);
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
+  Index j = 0;
+  for (; j < n[NB - 1]; ++j)
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) {
+      const __m512 pj = _mm512_set1_ps(ts.p[i * kKeyBlock + j]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[i][j] + d0 + 16 * v),
+                                    acc[i][v]);
+    }
+  for (; j < kKeyBlock; ++j)  // the full blocks' last keys (the last block is partial)
+#pragma GCC unroll 4
+    for (int i = 0; i + 1 < NB; ++i) {
+      const __m512 pj = _mm512_set1_ps(ts.p[i * kKeyBlock + j]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[i][j] + d0 + 16 * v),
+                                    acc[i][v]);
+    }
+  const Index stride = partial_stride(t.head_dim);
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      _mm512_store_ps(parts + i * stride + kPartialHeader + d0 + 16 * v, acc[i][v]);
+}
+
+// The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
+// (partial_stride apart).
+template <int NB>
+GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, const AttentionTile<float>& t,
+                                               TileScratch<float>& ts, float* parts) {
+  const Index hd = t.head_dim, hdp = padded_head_dim(hd);
+  Index n[kDecodeBlocks] = {};
+  const float* krow[kKeyBlock];
+  const float* vrow[kDecodeBlocks][kKeyBlock];
+  for (int i = 0; i < NB; ++i) {
+    const Index bi = b0 + i * kKeyBlock;
+    n[i] = visible_in_block(t.first_pos, bi);
+    page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, bi, n[i], krow);
+    pack_keys_t(krow, n[i], hd, ts.kt + i * hdp * kKeyBlock);
+    page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, bi, n[i], vrow[i]);
+  }
+  __m512 acc[NB][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (Index d = 0; d < hd; ++d) {
+    const __m512 qd = _mm512_set1_ps(ts.qs[d]);
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i) {
+      const float* kd = ts.kt + i * hdp * kKeyBlock + d * kKeyBlock;
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v)
+        acc[i][v] = _mm512_fmadd_ps(qd, _mm512_load_ps(kd + 16 * v), acc[i][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_store_ps(ts.p + i * kKeyBlock + 16 * v, acc[i][v]);
+  const Index stride = partial_stride(hd);
+  for (int i = 0; i < NB; ++i) block_stats(n[i], ts.p + i * kKeyBlock, parts + i * stride);
+  Index d0 = 0;
+  for (; d0 + 64 <= hd; d0 += 64) decode_values<NB, 4>(d0, n, vrow, t, ts, parts);
+  const Index rest = hd - d0;
+  if (rest > 48)
+    decode_values<NB, 4>(d0, n, vrow, t, ts, parts);
+  else if (rest > 32)
+    decode_values<NB, 3>(d0, n, vrow, t, ts, parts);
+  else if (rest > 16)
+    decode_values<NB, 2>(d0, n, vrow, t, ts, parts);
+  else if (rest > 0)
+    decode_values<NB, 1>(d0, n, vrow, t, ts, parts);
+  // (the stores cover o_b's padded width: its lanes past head_dim hold zeros, the values' masked
+  // lanes)
+}
+
+// row 0's q scaled into qs (rounded on its own), its o zeroed, its state at the start.
+GPT2_KERNEL_AVX512 inline void init_row(const AttentionTile<float>& t, TileScratch<float>& ts) {
+  const Index hd = t.head_dim, hdp = padded_head_dim(hd);
+  const __m512 scale = _mm512_set1_ps(t.scale);
+  for (Index d0 = 0; d0 < hdp; d0 += 16) {
+    const __mmask16 dm = lanes(d0, hd);
+    _mm512_store_ps(ts.qs + d0,
+                    _mm512_maskz_mul_round_ps(dm, _mm512_maskz_loadu_ps(dm, t.q + d0), scale,
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm512_store_ps(ts.o + d0, _mm512_setzero_ps());
+  }
+  ts.m[0] = -__builtin_inff();
+  ts.z[0] = 0.0f;
+  ts.l[0] = 0.0f;
+}
+
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
+GPT2_KERNEL_AVX512 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
+                                            Index block_end, float* parts) {
+  TileScratch<float> ts(t.scratch, t.head_dim);
+  init_row(t, ts);
+  const Index stride = partial_stride(t.head_dim);
+  Index b = block_begin;
+  for (; b + kDecodeBlocks <= block_end; b += kDecodeBlocks)
+    decode_partials<kDecodeBlocks>(b * kKeyBlock, t, ts, parts + (b - block_begin) * stride);
+  static_assert(kDecodeBlocks == 2, "the remainder below is one block");
+  if (b < block_end) decode_partials<1>(b * kKeyBlock, t, ts, parts + (b - block_begin) * stride);
+}
+
+// The tile's one row from its n_blocks partials (blocks 0 .., merged in order): t.out.
+GPT2_KERNEL_AVX512 inline void merge_row_partials(const AttentionTile<float>& t, Index n_blocks,
+                                                  const float* parts) {
+  TileScratch<float> ts(t.scratch, t.head_dim);
+  for (Index d0 = 0; d0 < padded_head_dim(t.head_dim); d0 += 16) _mm512_store_ps(ts.o + d0, _mm512_setzero_ps());
+  ts.m[0] = -std::numeric_limits<float>::infinity();
+  ts.z[0] = 0.0f;
+  ts.l[0] = 0.0f;
+  for (Index b = 0; b < n_blocks; ++b) fold_partial(parts + b * partial_stride(t.head_dim), t.head_dim, ts);
+  const __m512 l = _mm512_set1_ps(ts.l[0]);
+  for (Index d0 = 0; d0 < t.head_dim; d0 += 16)
+    _mm512_mask_storeu_ps(t.out + d0, lanes(d0, t.head_dim),
+                          _mm512_div_ps(_mm512_load_ps(ts.o + d0), l));
 }
 
 // ---- the row-vector path: 16 rows in the lanes ----------------------------------------------
@@ -242,10 +416,32 @@ GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const Attention
 // arithmetic is the per-row path's (the same chains, maxima, exps, sums and merges, lane by lane),
 // so both give the same bits; only the work is laid out differently.
 
-// st[j][0 .. 16 G) = the scores of key j0 + jj (jj < J) against rows 0 .. 16 G - 1 (qs^T in qt).
+// The block's running maxima of its visible scores, per row vector (16 rows), and whether one of
+// them is NaN: gathered while the scores come out of the registers.
+struct BlockMax {
+  __m512 mx[kTileMaxRows / 16];
+  __mmask16 nan[kTileMaxRows / 16];
+};
+
+// Rows [ra, nb) of row vector g (rows 16 g ..) as a lane mask.
+GPT2_KERNEL_AVX512 inline __mmask16 active_rows(Index g, Index ra, Index nb) {
+  return static_cast<__mmask16>(lanes(16 * g, nb) & ~lanes(16 * g, ra));
+}
+
+// Row r - 16 g minus b0 plus the position of row 16 g, lane by lane: lane r sees key b0 + j iff
+// its value is >= j.
+GPT2_KERNEL_AVX512 inline __m512i relative_positions(Index g, Index b0,
+                                                      const AttentionTile<float>& t) {
+  return _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(t.first_pos + 16 * g - b0)),
+                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+// st[j][row0 .. row0 + 16 G) = the scores of key j0 + jj (jj < J) against rows row0 .. row0 +
+// 16 G - 1 (qs^T in qt), and their visible ones (rows in [ra, nb)) into bm.
 template <int J, int G>
-GPT2_KERNEL_AVX512 inline void scores_t(Index j0, const float* const* krow,
-                                        const AttentionTile<float>& t, TileScratch<float>& ts) {
+GPT2_KERNEL_AVX512 inline void scores_t(Index row0, Index j0, Index b0, Index ra, Index nb,
+                                        const float* const* krow, const AttentionTile<float>& t,
+                                        TileScratch<float>& ts, BlockMax& bm) {
   __m512 acc[J][G];
 #pragma GCC unroll 8
   for (int jj = 0; jj < J; ++jj)
@@ -257,7 +453,7 @@ GPT2_KERNEL_AVX512 inline void scores_t(Index j0, const float* const* krow,
   for (Index d = 0; d < t.head_dim; ++d) {
     __m512 qv[G];
 #pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) qv[g] = _mm512_load_ps(ts.qt + d * kTileMaxRows + 16 * g);
+    for (int g = 0; g < G; ++g) qv[g] = _mm512_load_ps(ts.qt + d * kTileMaxRows + row0 + 16 * g);
 #pragma GCC unroll 8
     for (int jj = 0; jj < J; ++jj) {
       const __m512 kd = _mm512_set1_ps(k[jj][d]);
@@ -269,48 +465,79 @@ GPT2_KERNEL_AVX512 inline void scores_t(Index j0, const float* const* krow,
   for (int jj = 0; jj < J; ++jj)
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g)
-      _mm512_store_ps(ts.p + (j0 + jj) * kTileMaxRows + 16 * g, acc[jj][g]);
+      _mm512_store_ps(ts.p + (j0 + jj) * kTileMaxRows + row0 + 16 * g, acc[jj][g]);
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const Index gg = row0 / 16 + g;
+    const __mmask16 active = active_rows(gg, ra, nb);
+    const __m512i rel = relative_positions(gg, b0, t);
+    __m512 mx = bm.mx[gg];
+    __mmask16 nan = bm.nan[gg];
+#pragma GCC unroll 8
+    for (int jj = 0; jj < J; ++jj) {
+      const __mmask16 vis =
+          active & _mm512_cmp_epi32_mask(rel, _mm512_set1_epi32(static_cast<int>(j0 + jj)),
+                                         _MM_CMPINT_NLT);
+      nan |= _mm512_mask_cmp_ps_mask(vis, acc[jj][g], acc[jj][g], _CMP_UNORD_Q);
+      mx = _mm512_mask_max_ps(mx, vis, mx, acc[jj][g]);
+    }
+    bm.mx[gg] = mx;
+    bm.nan[gg] = nan;
+  }
 }
 
-template <int G>
-GPT2_KERNEL_AVX512 inline void scores_t_block(Index n_blk, const float* const* krow,
-                                              const AttentionTile<float>& t,
-                                              TileScratch<float>& ts) {
-  Index j = 0;
-  for (; j + 6 <= n_blk; j += 6) scores_t<6, G>(j, krow, t, ts);
-  switch (n_blk - j) {
-    case 5: scores_t<5, G>(j, krow, t, ts); break;
-    case 4: scores_t<4, G>(j, krow, t, ts); break;
-    case 3: scores_t<3, G>(j, krow, t, ts); break;
-    case 2: scores_t<2, G>(j, krow, t, ts); break;
-    case 1: scores_t<1, G>(j, krow, t, ts); break;
+template <int J>
+GPT2_KERNEL_AVX512 inline void scores_t_rows(int g, Index row0, Index j0, Index b0, Index ra,
+                                             Index nb, const float* const* krow,
+                                             const AttentionTile<float>& t,
+                                             TileScratch<float>& ts, BlockMax& bm) {
+  switch (g) {
+    case 4: scores_t<J, 4>(row0, j0, b0, ra, nb, krow, t, ts, bm); break;
+    case 3: scores_t<J, 3>(row0, j0, b0, ra, nb, krow, t, ts, bm); break;
+    case 2: scores_t<J, 2>(row0, j0, b0, ra, nb, krow, t, ts, bm); break;
+    case 1: scores_t<J, 1>(row0, j0, b0, ra, nb, krow, t, ts, bm); break;
     default: break;
+  }
+}
+
+// The block's transposed scores for row vectors 0 .. groups - 1, key groups of 6; a row vector
+// none of whose rows sees any key of a group (past the diagonal) is skipped: its scores there are
+// never read.
+GPT2_KERNEL_AVX512 inline void scores_t_block(Index groups, Index b0, Index n_blk, Index ra,
+                                              Index nb, const float* const* krow,
+                                              const AttentionTile<float>& t,
+                                              TileScratch<float>& ts, BlockMax& bm) {
+  for (Index g = 0; g < groups; ++g) {
+    bm.mx[g] = _mm512_set1_ps(-__builtin_inff());
+    bm.nan[g] = 0;
+  }
+  for (Index j = 0; j < n_blk; j += 6) {
+    // row r sees key b0 + j iff first_pos + r >= b0 + j: row vectors from g_lo on have such rows
+    const Index first_row = std::max<Index>(0, b0 + j - t.first_pos);
+    const Index g_lo = std::min(groups, first_row / 16);
+    const int g = static_cast<int>(groups - g_lo);
+    switch (std::min<Index>(6, n_blk - j)) {
+      case 6: scores_t_rows<6>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      case 5: scores_t_rows<5>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      case 4: scores_t_rows<4>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      case 3: scores_t_rows<3>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      case 2: scores_t_rows<2>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+      default: scores_t_rows<1>(g, 16 * g_lo, j, b0, ra, nb, krow, t, ts, bm); break;
+    }
   }
 }
 
 // The block softmax of rows 16 g .. 16 g + 15 (those in [ra, nb) take part) on their transposed
 // scores: p replaces them, and the rows' m, z, l, a, c are updated (block_softmax's steps).
 GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax16(
-    Index g, Index b0, Index n_blk, Index ra, Index nb, const AttentionTile<float>& t,
-    TileScratch<float>& ts) {
+    Index g, Index b0, Index n_blk, Index ra, Index nb, const BlockMax& bm,
+    const AttentionTile<float>& t, TileScratch<float>& ts) {
   const __m512 minus_inf = _mm512_set1_ps(-__builtin_inff()), zero = _mm512_setzero_ps();
   const __m512 nan_v = _mm512_set1_ps(__builtin_nanf(""));
-  const __mmask16 active = static_cast<__mmask16>(lanes(16 * g, nb) & ~lanes(16 * g, ra));
-  // row positions minus b0: row sees key b0 + j iff j <= pos - b0
-  const __m512i rel = _mm512_add_epi32(
-      _mm512_set1_epi32(static_cast<int>(t.first_pos + 16 * g - b0)),
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __mmask16 active = active_rows(g, ra, nb);
+  const __m512i rel = relative_positions(g, b0, t);  // lane r sees key b0 + j iff rel >= j
   float* st = ts.p + 16 * g;
-  __m512 mx = minus_inf;
-  __mmask16 nan = 0;
-  for (Index j = 0; j < n_blk; ++j) {
-    const __mmask16 vis = active & _mm512_cmp_epi32_mask(
-                                       rel, _mm512_set1_epi32(static_cast<int>(j)), _MM_CMPINT_NLT);
-    const __m512 x = _mm512_load_ps(st + j * kTileMaxRows);
-    nan |= _mm512_mask_cmp_ps_mask(vis, x, x, _CMP_UNORD_Q);
-    mx = _mm512_mask_max_ps(mx, vis, mx, x);
-  }
-  const __m512 mb = _mm512_mask_mov_ps(mx, nan, nan_v);
+  const __m512 mb = _mm512_mask_mov_ps(bm.mx[g], bm.nan[g], nan_v);
   const __m512 zb = _mm512_mask_mov_ps(mb, _mm512_cmp_ps_mask(mb, minus_inf, _CMP_EQ_OQ), zero);
   __m512 lane_sum[16];
 #pragma GCC unroll 16
@@ -386,35 +613,50 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     ts.z[r] = 0.0f;
     ts.l[r] = 0.0f;
   }
+  if (nb == 1) {  // a decode step: kDecodeBlocks blocks at a time, each a partial merged in order
+    const Index blocks = t.first_pos / kKeyBlock + 1, stride = partial_stride(hd);
+    float* parts = ts.vb;  // kDecodeBlocks partials at a time
+    for (Index b = 0; b < blocks; b += kDecodeBlocks) {
+      if (b + kDecodeBlocks <= blocks)
+        decode_partials<kDecodeBlocks>(b * kKeyBlock, t, ts, parts);
+      else
+        decode_partials<1>(b * kKeyBlock, t, ts, parts);
+      for (Index i = 0; i < std::min(kDecodeBlocks, blocks - b); ++i)
+        fold_partial(parts + i * stride, hd, ts);
+    }
+    const __m512 l = _mm512_set1_ps(ts.l[0]);
+    for (Index d0 = 0; d0 < hd; d0 += 16)
+      _mm512_mask_storeu_ps(t.out + d0, lanes(d0, hd), _mm512_div_ps(_mm512_load_ps(ts.o + d0), l));
+    return;
+  }
   const bool row_vectors = nb >= 16 && t.first_pos + nb < (Index(1) << 30);
   if (row_vectors) transpose_queries(nb, t, ts);
   const Index last = t.first_pos + nb - 1;
   const float* krow[kKeyBlock];
   const float* vrow[kKeyBlock];
+  const float* vpacked[kKeyBlock];
+  for (Index j = 0; j < kKeyBlock; ++j) vpacked[j] = ts.vb + j * hdp;
   for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
     const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
     page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
     page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
-    pack_values(vrow, n_blk, hd, ts.vb);
     const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
     Index r = r_begin;
     if (row_vectors && nb - r_begin >= 16) {  // 16 rows or more see this block: rows in lanes
+      pack_values(vrow, n_blk, hd, ts.vb);
       const Index groups = (nb + 15) / 16;
-      switch (groups) {
-        case 4: scores_t_block<4>(n_blk, krow, t, ts); break;
-        case 3: scores_t_block<3>(n_blk, krow, t, ts); break;
-        case 2: scores_t_block<2>(n_blk, krow, t, ts); break;
-        default: scores_t_block<1>(n_blk, krow, t, ts); break;
-      }
-      for (Index g = r_begin / 16; g < groups; ++g) block_softmax16(g, b0, n_blk, r_begin, nb, t, ts);
+      BlockMax bm;
+      scores_t_block(groups, b0, n_blk, r_begin, nb, krow, t, ts, bm);
+      for (Index g = r_begin / 16; g < groups; ++g)
+        block_softmax16(g, b0, n_blk, r_begin, nb, bm, t, ts);
       for (; r + kValueRows <= nb; r += kValueRows)
-        value_rows_all<kValueRows>(r, b0, t, ts, 1, kTileMaxRows);
+        value_rows_all<kValueRows>(r, b0, vpacked, t, ts, 1, kTileMaxRows);
       switch (nb - r) {
-        case 5: value_rows_all<5>(r, b0, t, ts, 1, kTileMaxRows); break;
-        case 4: value_rows_all<4>(r, b0, t, ts, 1, kTileMaxRows); break;
-        case 3: value_rows_all<3>(r, b0, t, ts, 1, kTileMaxRows); break;
-        case 2: value_rows_all<2>(r, b0, t, ts, 1, kTileMaxRows); break;
-        case 1: value_rows_all<1>(r, b0, t, ts, 1, kTileMaxRows); break;
+        case 5: value_rows_all<5>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 4: value_rows_all<4>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 3: value_rows_all<3>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 2: value_rows_all<2>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 1: value_rows_all<1>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
         default: break;
       }
       continue;
@@ -431,13 +673,13 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     }
     r = r_begin;
     for (; r + kValueRows <= nb; r += kValueRows)
-      value_rows_all<kValueRows>(r, b0, t, ts, kKeyBlock, 1);
+      value_rows_all<kValueRows>(r, b0, vrow, t, ts, kKeyBlock, 1);
     switch (nb - r) {
-      case 5: value_rows_all<5>(r, b0, t, ts, kKeyBlock, 1); break;
-      case 4: value_rows_all<4>(r, b0, t, ts, kKeyBlock, 1); break;
-      case 3: value_rows_all<3>(r, b0, t, ts, kKeyBlock, 1); break;
-      case 2: value_rows_all<2>(r, b0, t, ts, kKeyBlock, 1); break;
-      case 1: value_rows_all<1>(r, b0, t, ts, kKeyBlock, 1); break;
+      case 5: value_rows_all<5>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 4: value_rows_all<4>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 3: value_rows_all<3>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 2: value_rows_all<2>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 1: value_rows_all<1>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
       default: break;
     }
   }

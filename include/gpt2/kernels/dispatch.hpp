@@ -33,6 +33,11 @@
 //                                                    rows over paged keys and values (online
 //                                                    softmax over 64-key blocks; the arithmetic of
 //                                                    kernels/attention_tile.hpp)
+//   row_partials(tile, b0, b1, parts)                 a one-row tile's per-block partials over key
+//                                                    blocks [b0, b1) (a decode step split over
+//                                                    threads)
+//   merge_row_partials(tile, n_blocks, parts)        its output from all of them, merged in order
+//                                                    (the tile's own bits)
 // with these bit-for-bit contracts, identical at avx2 and avx512 (so the two levels give the same
 // bits), checked by tests/test_kernels.cpp against the scalar emulation in tests/kernel_emulation.hpp:
 // - the gemm family: every element of C is one chain of fused multiply-adds in k order, starting
@@ -233,6 +238,10 @@ struct FloatKernels {
                                float* c);
   void (*softmax_row)(float* row, Index n, Index n_keys, float scale);
   void (*attention_tile)(const AttentionTile<float>& tile);
+  void (*row_partials)(const AttentionTile<float>& tile, Index block_begin, Index block_end,
+                       float* partials);
+  void (*merge_row_partials)(const AttentionTile<float>& tile, Index n_blocks,
+                             const float* partials);
 };
 
 // The table of a vector level (null for generic, and for a level this build does not have).
@@ -241,14 +250,16 @@ inline const FloatKernels* float_kernels(Isa isa) {
   static const FloatKernels avx512_table{Isa::avx512,           avx512::gemm,
                                          avx512::gemm_packed,    avx512::row_times_matrix,
                                          avx512::row_times_packed, avx512::row_times_transposed,
-                                         avx512::softmax_row,    avx512::attention_tile};
+                                         avx512::softmax_row,    avx512::attention_tile,
+                                         avx512::row_partials,   avx512::merge_row_partials};
   if (isa == Isa::avx512) return &avx512_table;
 #endif
 #if GPT2_KERNELS_HAVE_AVX2
   static const FloatKernels avx2_table{Isa::avx2,           avx2::gemm,
                                        avx2::gemm_packed,    avx2::row_times_matrix,
                                        avx2::row_times_packed, avx2::row_times_transposed,
-                                       avx2::softmax_row,    avx2::attention_tile};
+                                       avx2::softmax_row,    avx2::attention_tile,
+                                       avx2::row_partials,   avx2::merge_row_partials};
   if (isa == Isa::avx2) return &avx2_table;
 #endif
   (void)isa;
