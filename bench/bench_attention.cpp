@@ -8,6 +8,13 @@
 //                               from DRAM); time per layer. Counter `bytes`: bytes read per step
 //   decode_batch/B:N/past:1023  one batched decode step of N sequences, each with its own cache (one
 //                               layer): time per step, tokens_per_second counts the N tokens
+//                               (also B:64/past:512, the contiguous twin of decode_shared_prefix)
+//   decode_shared_prefix/seqs:64/prefix:512  the same step for 64 sequences forked from one
+//                               512-token prompt in a paged KV cache (its blocks shared). Counters
+//                               `cache_bytes` (the pool's blocks in use) and `contiguous_bytes`
+//                               (64 separate KVCaches of the same positions)
+//   decode_paged_unshared/seqs:64/prefix:512  the same step, each sequence with its own copy of
+//                               the prompt in the pool (nothing shared): the cost of paging alone
 //   baseline_eigen/T:N          the straightforward Eigen implementation (bench/baseline.hpp)
 //   baseline_eigen_decode/past:N  the same for one decode step
 //   stage_qkv/T:N, stage_attention/T:N, stage_proj/T:N   the three stages of prefill
@@ -35,6 +42,7 @@
 #include "baseline.hpp"
 #include "gpt2_small_layer.hpp"
 #include "gpt2/attention.hpp"
+#include "gpt2/paged_attention.hpp"
 
 namespace {
 
@@ -177,6 +185,91 @@ void decode_batch(benchmark::State& state) {
   }
   clock.stop();
   set_counters(state, clock, static_cast<double>(B), static_cast<double>(B) * decode_flop(past));
+}
+
+// One batched decode step of `seqs` sequences forked from one prompt of `prefix` tokens in a paged
+// KV cache (paged_attention.hpp): the prompt computed once, its blocks shared by every sequence,
+// each new token written to a block of its sequence's own. The sequences are truncated back after
+// each step (the new blocks go back to the pool). The same step as decode_batch/B:seqs/past:prefix
+// on contiguous caches: compare their times. Counters: cache_bytes, the bytes of the pool's blocks
+// in use during a step; contiguous_bytes, what `seqs` KVCaches of prefix + 1 positions hold.
+void decode_shared_prefix(benchmark::State& state) {
+  if (!use_threads(state, 2)) return;
+  const Index S = state.range(0), prefix = state.range(1);
+  const gpt2::AttentionWeights<float>& w = packed_model();
+  const Index br = gpt2::kKVBlockRows;
+  const Index own_blocks = (prefix + 1 + br - 1) / br - prefix / br;  // a copied partial block + new
+  gpt2::KVBlockPool<float> pool(w.config(), (prefix + br - 1) / br + S * own_blocks);
+  gpt2::PagedSequence<float> root(pool);
+  gpt2::Workspace<float> ws(w.config(), std::max<Index>(prefix, S), prefix + 1);
+  {
+    const RowMatrix<float> prompt = input(prefix);
+    RowMatrix<float> prompt_out(prefix, kC);
+    gpt2::attention_forward<float>(w, prompt, root, ws, prompt_out);
+  }
+  std::vector<gpt2::PagedSequence<float>> seqs;
+  std::vector<gpt2::PagedSequence<float>*> ptrs;
+  for (Index s = 0; s < S; ++s) {
+    seqs.push_back(root.fork());
+    seqs.back().reserve(prefix + 1);
+  }
+  for (gpt2::PagedSequence<float>& s : seqs) ptrs.push_back(&s);
+  const RowMatrix<float> x = input(S);
+  RowMatrix<float> out(S, kC);
+  const gpt2::BatchLayout step = gpt2::BatchLayout::full(S, 1);
+  gpt2::attention_forward<float>(w, x, step, ptrs, ws, out);  // untimed: the blocks of a step
+  const double cache_bytes = static_cast<double>(pool.used_bytes());
+  for (gpt2::PagedSequence<float>& s : seqs) s.truncate(prefix);
+  WallClock clock;
+  clock.start();
+  for (auto _ : state) {
+    gpt2::attention_forward<float>(w, x, step, ptrs, ws, out);
+    for (gpt2::PagedSequence<float>& s : seqs) s.truncate(prefix);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  clock.stop();
+  set_counters(state, clock, static_cast<double>(S), static_cast<double>(S) * decode_flop(prefix));
+  state.counters["cache_bytes"] = cache_bytes;
+  state.counters["contiguous_bytes"] =
+      static_cast<double>(S * gpt2::KVCache<float>(w.config(), prefix + 1).bytes());
+}
+
+// decode_shared_prefix without the sharing: every sequence prefilled with the prompt into blocks of
+// its own (the pool then holds as much as the contiguous caches), so that the step against
+// decode_batch's measures what reading through block tables costs, apart from what sharing saves.
+void decode_paged_unshared(benchmark::State& state) {
+  if (!use_threads(state, 2)) return;
+  const Index S = state.range(0), prefix = state.range(1);
+  const gpt2::AttentionWeights<float>& w = packed_model();
+  const Index br = gpt2::kKVBlockRows;
+  gpt2::KVBlockPool<float> pool(w.config(), S * ((prefix + 1 + br - 1) / br));
+  gpt2::Workspace<float> ws(w.config(), std::max<Index>(prefix, S), prefix + 1);
+  std::vector<gpt2::PagedSequence<float>> seqs;
+  std::vector<gpt2::PagedSequence<float>*> ptrs;
+  {
+    const RowMatrix<float> prompt = input(prefix);
+    RowMatrix<float> prompt_out(prefix, kC);
+    for (Index s = 0; s < S; ++s) {
+      seqs.emplace_back(pool, prefix + 1);
+      gpt2::attention_forward<float>(w, prompt, seqs.back(), ws, prompt_out);
+    }
+  }
+  for (gpt2::PagedSequence<float>& s : seqs) ptrs.push_back(&s);
+  const RowMatrix<float> x = input(S);
+  RowMatrix<float> out(S, kC);
+  const gpt2::BatchLayout step = gpt2::BatchLayout::full(S, 1);
+  WallClock clock;
+  clock.start();
+  for (auto _ : state) {
+    gpt2::attention_forward<float>(w, x, step, ptrs, ws, out);
+    for (gpt2::PagedSequence<float>& s : seqs) s.truncate(prefix);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  clock.stop();
+  set_counters(state, clock, static_cast<double>(S), static_cast<double>(S) * decode_flop(prefix));
+  state.counters["cache_bytes"] = static_cast<double>(pool.used_bytes());
 }
 
 // The 12 attention layers of a GPT-2 small, each with its weights and a KV cache of `past`
@@ -437,6 +530,9 @@ const std::vector<int64_t> kTokens = {64, 256, 1024};
 BENCHMARK(prefill)->Name("prefill")->ArgsProduct({kPrefillTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(decode)->Name("decode")->ArgsProduct({{0, 127, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_batch)->Name("decode_batch")->ArgsProduct({{4, 16}, {1023}, kThreads})->ArgNames({"B", "past", "threads"})->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_batch)->Name("decode_batch")->ArgsProduct({{64}, {512}, kThreads})->ArgNames({"B", "past", "threads"})->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_shared_prefix)->Name("decode_shared_prefix")->ArgsProduct({{64}, {512}, kThreads})->ArgNames({"seqs", "prefix", "threads"})->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_paged_unshared)->Name("decode_paged_unshared")->ArgsProduct({{64}, {512}, kThreads})->ArgNames({"seqs", "prefix", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_model)->Name("decode_model")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(baseline_eigen)->Name("baseline_eigen")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(baseline_eigen_decode)->Name("baseline_eigen_decode")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);

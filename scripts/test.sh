@@ -8,7 +8,7 @@
 #            every test program again (all but the packaging and compile-fail checks, which do not
 #            depend on the ISA or on memory safety, and the example programs, run by stage 1). This stage replaces the former portable stage (the
 #            portable preset is still there: cmake --preset portable).
-#   3. tsan  (ThreadSanitizer, OpenMP off): the concurrency tests (test_concurrency).
+#   3. tsan  (ThreadSanitizer, OpenMP off): the concurrency tests (test_concurrency, test_paged_concurrency).
 #   4. fuzz  (clang, libFuzzer + ASan + UBSan): each fuzz target for GPT2_FUZZ_SECONDS (default 60)
 #            seconds, the three at once (tests/fuzz/run.sh), starting from tests/fuzz/corpus/.
 #   GPT2_SMALL_WEIGHTS=/path/to/gpt2-small-h0-attention.safetensors scripts/test.sh

@@ -936,6 +936,106 @@ TEST_F(CliBatchTest, LayoutErrorsNameTheFlagWhatWasExpectedAndWhatWasGot) {
   EXPECT_EQ(dir.list(), expected);
 }
 
+// run --share-prefix N: a batch whose sequences start with the same N rows (left and right
+// padding), the prefix computed once into shared blocks, against the same run without it: Y
+// byte-identical in float at the vector levels (row-exact), within the file's tolerance otherwise
+// (and in double); P the same bytes (computed per sequence either way). With --prefill P, P
+// counts from the start of the sequence, below and above N.
+TEST_F(CliBatchTest, SharePrefixGivesTheRunWithoutIt) {
+  const std::vector<Index> starts = {0, 1, 2}, lengths = {7, 6, 4};
+  const Index n = 4;
+  RowMatrix<float> shared = xb;
+  for (Index b = 1; b < kB; ++b)
+    shared.middleRows(b * kTb + starts[static_cast<std::size_t>(b)], n) = xb.topRows(n);
+  write_batch("xs.npy", shared);
+  const bool row_exact = gpt2::kernel_info().level != "generic";
+  for (const std::string dtype : {"f32", "f64"}) {
+    for (const std::string prefill : {"", "0", "2", "4", "5", "7"}) {
+      SCOPED_TRACE("--dtype " + dtype + " --prefill '" + prefill + "'");
+      std::vector<std::string> flags = {"--starts", csv(starts), "--lengths", csv(lengths), "--dtype", dtype};
+      if (!prefill.empty()) flags.insert(flags.end(), {"--prefill", prefill});
+      ASSERT_EQ(run_batch(flags, "xs.npy").status, 0);
+      const std::string y = read_text(file("yb.npy")), p = read_text(file("pb.npy"));
+      flags.insert(flags.end(), {"--share-prefix", std::to_string(n)});
+      EXPECT_SUCCESS(run_batch(flags, "xs.npy"));
+      EXPECT_EQ(read_text(file("pb.npy")), p);
+      if (dtype == "f32" && row_exact) {
+        EXPECT_EQ(read_text(file("yb.npy")), y);
+      } else {
+        const RowMatrix<double> y_shared = read_matrix_as_double(file("yb.npy"), dtype, {kB, kTb, kC});
+        ASSERT_EQ(run_batch({"--starts", csv(starts), "--lengths", csv(lengths), "--dtype", dtype}, "xs.npy").status, 0);
+        const RowMatrix<double> y_plain = read_matrix_as_double(file("yb.npy"), dtype, {kB, kTb, kC});
+        EXPECT_TRUE(gpt2::test::near(y_shared, y_plain, dtype == "f32" ? kFloatTol : kDoubleTol));
+        for (const Index row : padded_rows(starts, lengths))
+          EXPECT_TRUE((y_shared.row(row).array() == 0.0).all()) << "row " << row;
+      }
+    }
+  }
+  // Longer sequences: a prefix of 20 rows ends inside the second 16-position block (the forks copy
+  // it), the first steps and the decode steps cross blocks.
+  {
+    const Index B = 3, T = 40, n20 = 20;
+    std::mt19937 rng(9);
+    RowMatrix<float> xl = random_matrix(rng, B * T, kC, 1.0f);
+    for (Index b = 1; b < B; ++b) xl.middleRows(b * T, n20) = xl.topRows(n20);
+    gpt2::npy::write<float>(file("xl.npy"), xl.data(), {B, T, kC});
+    for (const std::string prefill : {"", "5", "25", "40"}) {
+      SCOPED_TRACE("[3, 40, 64], --prefill '" + prefill + "'");
+      std::vector<std::string> flags = {"--lengths", "40,33,21"};
+      if (!prefill.empty()) flags.insert(flags.end(), {"--prefill", prefill});
+      ASSERT_EQ(run_batch(flags, "xl.npy").status, 0);
+      const std::string y = read_text(file("yb.npy")), p = read_text(file("pb.npy"));
+      flags.insert(flags.end(), {"--share-prefix", "20"});
+      EXPECT_SUCCESS(run_batch(flags, "xl.npy"));
+      EXPECT_EQ(read_text(file("pb.npy")), p);
+      if (row_exact) {
+        EXPECT_EQ(read_text(file("yb.npy")), y);
+      }
+    }
+  }
+  // N = 0 (nothing shared) and N = the shortest sequence
+  for (const std::string share : {"0", "4"}) {
+    ASSERT_EQ(run_batch({"--starts", csv(starts), "--lengths", csv(lengths), "--prefill", "1"}, "xs.npy").status, 0);
+    const std::string y = read_text(file("yb.npy"));
+    EXPECT_SUCCESS(run_batch({"--starts", csv(starts), "--lengths", csv(lengths), "--prefill", "1",
+                              "--share-prefix", share}, "xs.npy"));
+    if (row_exact) {
+      EXPECT_EQ(read_text(file("yb.npy")), y) << "--share-prefix " << share;
+    }
+  }
+}
+
+// The data errors of --share-prefix, whole messages, and nothing written.
+TEST_F(CliBatchTest, SharePrefixErrorsNameTheSequenceAndTheRow) {
+  RowMatrix<float> shared = xb;
+  for (Index b = 1; b < kB; ++b) shared.middleRows(b * kTb, 3) = xb.topRows(3);
+  shared(2 * kTb + 1, 5) += 1.0f;  // sequence 2's row 1 differs
+  write_batch("xs.npy", shared);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--share-prefix", "3"},
+       "--share-prefix 3: sequence 2's row 1 differs from sequence 0's (the first 3 real rows of "
+       "every sequence must be the same tokens)"},
+      {{"--share-prefix", "1", "--lengths", "7,0,7"},
+       "--share-prefix 1: sequence 1 has 0 real rows, fewer than the shared prefix"},
+      {{"--share-prefix", "8"},
+       "--share-prefix: expected at most 7 rows (T of input [3, 7, 64]), got 8"},
+  };
+  for (const auto& [flags, message] : cases) {
+    SCOPED_TRACE(message);
+    const CliResult r = run_batch(flags, "xs.npy");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.err, "gpt2-attention: " + message + "\n");
+  }
+  const CliResult two_d = run_batch({"--share-prefix", "2"}, "x.npy");
+  EXPECT_EQ(two_d.status, 1);
+  EXPECT_EQ(two_d.err, "gpt2-attention: --share-prefix: expected a 3-D input [B, T, C] (a batch "
+                       "of sequences), got input [9, 64]\n");
+  const CliResult bad = run_batch({"--share-prefix", "-1"}, "xs.npy");
+  EXPECT_EQ(bad.status, 2);
+  const std::vector<std::string> expected = {"w.safetensors", "x.npy", "xb.npy", "xs.npy"};
+  EXPECT_EQ(dir.list(), expected);
+}
+
 // ---------------------------------------------------------------------------------------------
 // run --tensor-parallel (under mpiexec, in a build with MPI)
 // ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@
 
 #include "gpt2/attention.hpp"
 #include "gpt2/npy.hpp"
+#include "gpt2/paged_attention.hpp"
 #include "gpt2/safetensors.hpp"
 #include "support/models.hpp"
 #include "support/tmpdir.hpp"
@@ -299,6 +300,32 @@ void library_rows(Table& t) {
     small.copy_from(big);
   });
 
+  // Paged KV cache.
+  t.lib("KVBlockPool", "block_rows not a multiple of 16", [&] { KVBlockPool<F>(config, 4, 1, 24); });
+  t.lib("paged forward", "more blocks than the pool has free", [&] {
+    KVBlockPool<F> pool(config, 1);
+    PagedSequence<F> seq(pool);
+    Workspace<F> ws(config);
+    RowMatrix<F> xs = RowMatrix<F>::Zero(17, 64), out(17, 64);
+    attention_forward<F>(w, xs, seq, ws, out);
+  });
+  t.lib("PagedSequence", "a write into a block shared since grow()", [&] {
+    KVBlockPool<F> pool(config, 2);
+    PagedSequence<F> seq(pool);
+    seq.grow(1);
+    PagedSequence<F> child = seq.fork();
+    const RowMatrix<F> kv = RowMatrix<F>::Zero(1, 64);
+    seq.write_last(0, kv, kv);
+  });
+  t.lib("batched paged forward", "one sequence twice", [&] {
+    KVBlockPool<F> pool(config, 2);
+    PagedSequence<F> seq(pool);
+    std::vector<PagedSequence<F>*> seqs = {&seq, &seq};
+    Workspace<F> ws(config);
+    RowMatrix<F> xb = RowMatrix<F>::Zero(2, 64), out(2, 64);
+    attention_forward<F>(w, xb, BatchLayout::full(2, 1), seqs, ws, out);
+  });
+
   // Batches.
   t.lib("BatchLayout", "a sequence past the padded length", [] { BatchLayout(4, {1}, {4}); });
   t.lib("BatchLayout", "left_padded length > T", [] { BatchLayout::left_padded(4, {5}); });
@@ -544,6 +571,9 @@ void cli_rows(Table& t) {
   gpt2::npy::write(dir.file("x3.npy"), RowMatrix<float>::Zero(2 * 3, 64));  // shape [6, 64]
   const std::vector<float> zeros(2 * 3 * 64, 0.0f);
   gpt2::npy::write<float>(dir.file("xb.npy"), zeros.data(), {2, 3, 64});
+  std::vector<float> differing = zeros;
+  differing[(3 + 1) * 64] = 1.0f;  // sequence 1's row 1
+  gpt2::npy::write<float>(dir.file("xd.npy"), differing.data(), {2, 3, 64});
   gpt2::npy::write<float>(dir.file("x1.npy"), zeros.data(), {64});
   gpt2::npy::write<float>(dir.file("x4.npy"), zeros.data(), {1, 2, 3, 64});
   gpt2::npy::write(dir.file("x32.npy"), RowMatrix<float>::Zero(3, 32));
@@ -604,6 +634,11 @@ void cli_rows(Table& t) {
   t.cli("--lengths: not one per sequence", batch_with({"--lengths", "3"}), d);
   t.cli("--starts beyond T", batch_with({"--starts", "0,4"}), d);
   t.cli("--lengths beyond T - start", batch_with({"--starts", "1,0", "--lengths", "3,3"}), d);
+  t.cli("--share-prefix with a 2-D input", with({"--share-prefix", "1"}), d);
+  t.cli("--share-prefix beyond T", batch_with({"--share-prefix", "4"}), d);
+  t.cli("--share-prefix: a row differing between sequences",
+        {"run", "--weights", "w.safetensors", "--input", "xd.npy", "--output", "y.npy",
+         "--share-prefix", "2"}, d);
   t.cli("an output in a directory that does not exist", replace("--output", "no/y.npy"), d);
   t.cli("an output that is a directory", replace("--output", "outdir"), d);
   t.cli("demo: a checkpoint without wpe", {"demo", "--weights", "w.safetensors"}, d);

@@ -6,6 +6,8 @@
 //   X [B, T, C]   -> Y [B, T, C]   (and probs [B, n_head, T, T]); real rows from --starts and
 //                                  --lengths (run_input.hpp), padded rows of Y exactly 0; --prefill
 //                                  N: batched decode through one KV cache per sequence (batch_run.hpp)
+//                                  --share-prefix N: the common first N rows once, in a paged KV
+//                                  cache, every sequence forked from them (shared_prefix_run.hpp)
 //   --png FILE.png: the probabilities as a picture (attention_picture.hpp): one tile per head, or
 //                   per sequence and head for a batch (sequences stacked top to bottom)
 //
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "packed_weights.hpp"
@@ -32,13 +35,14 @@
 #include "output_files.hpp"
 #include "prefill_run.hpp"
 #include "run_input.hpp"
+#include "shared_prefix_run.hpp"
 #include "sublayer.hpp"
 
 namespace gpt2::cli {
 
 inline const std::vector<std::string> kRunFlags = {
     "weights", "layer", "input", "output", "n-head", "dtype", "probs", "prefill", "lengths", "starts",
-    "png", "png-scale"};
+    "png", "png-scale", "share-prefix"};
 // Flags without a value.
 inline const std::vector<std::string> kRunSwitches = {"tensor-parallel"};
 
@@ -59,6 +63,7 @@ struct RunOptions {
   std::optional<Index> prefill;                      // --prefill N: through KV caches
   std::optional<std::vector<long long>> starts, lengths;  // a batch's real rows
   bool tensor_parallel = false;  // --tensor-parallel: the heads split over the MPI ranks
+  std::optional<Index> share_prefix;  // --share-prefix N: a batch's common first N rows, once
 };
 
 // --dtype f32|f64 (default f32).
@@ -122,6 +127,10 @@ inline RunOptions parse_run_options(const Flags& flags) {
   o.starts = flags.count_list("starts");
   o.lengths = flags.count_list("lengths");
   o.tensor_parallel = flags.has("tensor-parallel");
+  if (flags.has("share-prefix"))
+    o.share_prefix = static_cast<Index>(flags.integer_or("share-prefix", 0, 0, Flags::kNoMax));
+  if (o.share_prefix && o.tensor_parallel)
+    throw UsageError("--share-prefix: not available with --tensor-parallel");
   if (o.tensor_parallel && !kHasTensorParallel)
     throw UsageError("--tensor-parallel: this gpt2-attention was built without MPI "
                      "(configure with GPT2_ATTENTION_MPI=ON; Debian: libopenmpi-dev, openmpi-bin)");
@@ -204,7 +213,12 @@ void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
         attention_forward<T>(w, input.x, ws, r.out);
     }
   } else {
-    if (o.prefill)
+    if (o.share_prefix) {
+      if constexpr (std::is_same<W, AttentionWeights<T>>::value)
+        shared_prefix_decode<T>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
+      else
+        throw UsageError("--share-prefix: not available with --tensor-parallel");
+    } else if (o.prefill)
       batch_decode<T>(w, input.x, *layout, *o.prefill, r.out);
     else
       batch_forward<T>(w, input.x, *layout, r.out);
@@ -221,6 +235,7 @@ RunResult<T> compute_run(const RunOptions& o) {
   const AttentionWeights<T> w = packed_for_kernels(loaded.weights());
   const RunInput<T> input = read_input<T>(o.input, w.n_embd());
   const std::optional<BatchLayout> layout = input_layout(input.shape, o.starts, o.lengths);
+  if (o.share_prefix) check_share_prefix_shape(input.shape, *o.share_prefix);
   RunResult<T> r;
   compute_with<T>(o, w, input, layout, r);
   return r;

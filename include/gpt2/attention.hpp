@@ -9,6 +9,8 @@
 //   attention_forward / attention: all of it, with reusable scratch         forward.hpp
 //   KVCache + attention_forward(w, x, cache, ws, out): prefill and decode   kv_cache.hpp, incremental.hpp
 //   BatchLayout + attention_forward(w, x, batch, ...): padded batches       batch.hpp
+//   KVBlockPool + PagedSequence: paged KV cache, forks share a prompt       paged_kv_cache.hpp
+//   attention_forward(w, x, seq, ...): forwards over block tables           paged_attention.hpp
 //   set_num_threads / num_threads: OpenMP threads of the forwards           threads.hpp
 //   kernel_info / set_isa / pack_weights: the kernel level, chosen at run time  kernels/dispatch.hpp, weights.hpp
 #pragma once
@@ -23,6 +25,8 @@
 #include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kv_cache.hpp"
 #include "gpt2/layer_norm.hpp"
+#include "gpt2/paged_attention.hpp"
+#include "gpt2/paged_kv_cache.hpp"
 #include "gpt2/projection.hpp"
 #include "gpt2/qkv.hpp"
 #include "gpt2/threads.hpp"

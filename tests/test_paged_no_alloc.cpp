@@ -1,0 +1,67 @@
+// Paged decode steps allocate nothing once the pool, the sequences' tables (reserve) and the
+// workspace are sized: neither Eigen (EIGEN_RUNTIME_NO_MALLOC) nor the C++ heap (operator new
+// counted), across block boundaries, copies-on-write and blocks given back by truncate. The
+// detectors themselves are shown to work by test_no_alloc's control.
+#include <atomic>
+#include <vector>
+
+static std::atomic<int> g_eigen_assert_failures{0};
+#define eigen_assert(x) ((x) ? (void)0 : (void)g_eigen_assert_failures.fetch_add(1))
+#define EIGEN_RUNTIME_NO_MALLOC
+
+#include <gtest/gtest.h>
+
+#include "gpt2/attention.hpp"
+#include "gpt2/paged_attention.hpp"
+#include "support/compare.hpp"  // Scalars
+#include "support/models.hpp"
+#include "support/new_counter.hpp"
+
+namespace {
+
+using gpt2::Index;
+using gpt2::RowMatrix;
+
+template <class T>
+class PagedNoAllocTest : public ::testing::Test {};
+TYPED_TEST_SUITE(PagedNoAllocTest, gpt2::test::Scalars);
+
+TYPED_TEST(PagedNoAllocTest, DecodeStepsAllocateNothing) {
+  using T = TypeParam;
+  const gpt2::test::Model<T> m = gpt2::test::random_model<T>(256, 4, 3);
+  const gpt2::AttentionWeights<T> w = m.weights();
+  const Index B = 3, prompt = 37, steps = 40, max_tokens = prompt + steps + 1;
+  const RowMatrix<T> x = gpt2::test::random_input<T>(prompt + B * steps, 256, 4);
+  gpt2::KVBlockPool<T> pool(m.config, 3 + (B + 1) * 4);
+  gpt2::PagedSequence<T> root(pool, max_tokens);
+  gpt2::Workspace<T> ws(m.config, prompt, max_tokens);
+  RowMatrix<T> out(prompt + B * steps, 256);
+  gpt2::attention_forward<T>(w, x.topRows(prompt), root, ws, out.topRows(prompt));
+  std::vector<gpt2::PagedSequence<T>> seqs;
+  for (Index b = 0; b < B; ++b) seqs.push_back(root.fork());
+  for (gpt2::PagedSequence<T>& s : seqs) s.reserve(max_tokens);
+  gpt2::PagedSequence<T>* ptrs[] = {&seqs[0], &seqs[1], &seqs[2]};
+  gpt2::BatchLayout step = gpt2::BatchLayout::full(B, 1);
+  {
+    g_eigen_assert_failures = 0;
+    g_new_calls = 0;
+    Eigen::internal::set_is_malloc_allowed(false);
+    for (Index t = 0; t < steps; ++t) {
+      const Index row = prompt + B * t;
+      if (t % 3 == 0) {  // one sequence alone (its first step copies the shared partial block)
+        gpt2::attention_forward<T>(w, x.row(row), root, ws, out.row(row));
+      } else {
+        step.set(1, 0, t % 2);  // sequence 1 sits out every other step
+        gpt2::attention_forward<T>(w, x.middleRows(row, B), step, ptrs, ws, out.middleRows(row, B));
+      }
+      if (t == 20) seqs[2].truncate(prompt + 3);  // blocks go back, then are taken again
+    }
+    Eigen::internal::set_is_malloc_allowed(true);
+    EXPECT_EQ(g_eigen_assert_failures.load(), 0) << "Eigen heap allocations during decoding";
+    EXPECT_EQ(g_new_calls.load(), 0) << "operator new calls during decoding";
+  }
+  EXPECT_GT(seqs[0].length(), prompt + 16);  // crossed a block boundary
+  EXPECT_TRUE(out.allFinite());
+}
+
+}  // namespace
