@@ -39,6 +39,7 @@
 #include "gpt2/safetensors.hpp"
 #include "attention_picture.hpp"  // examples/cli: where the picture puts each map, and its colours
 #include "support/compare.hpp"
+#include "support/sanitizers.hpp"
 #include "support/tmpdir.hpp"
 
 #ifndef GPT2_CLI_PATH
@@ -74,17 +75,7 @@ struct CliResult {
 // AddressSanitizer (the asan preset) reserves terabytes of address space for its shadow memory
 // and aborts on an allocation it cannot serve, so under it no address-space limit is set and the
 // test that needs a failing allocation is skipped.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
+using gpt2::test::kAddressSanitizer;
 
 // The address space (RLIMIT_AS) allowed to the CLI in the tests of what a run may allocate: far
 // above what a run on these small inputs needs, far below any buffer sized by a huge B or T.

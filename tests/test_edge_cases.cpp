@@ -21,6 +21,7 @@
 
 #include "gpt2/attention.hpp"
 #include "support/compare.hpp"
+#include "support/sanitizers.hpp"
 #include "support/models.hpp"
 #include "support/reference.hpp"
 
@@ -165,20 +166,8 @@ std::vector<double> reference_row(const Model<T>& m, const RowMatrix<T>& x,
 // T = 8192 in the normal builds. Under AddressSanitizer or ThreadSanitizer (about 20x slower here:
 // over two minutes) the same test runs T = 2048: the same shapes and code paths, a quarter of the
 // rows.
-// (g++ defines __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__; clang, which the asan preset uses, says
-// so through __has_feature.)
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define GPT2_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define GPT2_TEST_SANITIZED 1
-#endif
-#endif
-#if defined(GPT2_TEST_SANITIZED)
-constexpr Index kLongTokens = 2048;
-#else
-constexpr Index kLongTokens = 8192;
-#endif
+constexpr Index kLongTokens =
+    gpt2::test::kAddressSanitizer || gpt2::test::kThreadSanitizer ? 2048 : 8192;
 
 TEST(EdgeCasesLong, T8192Gpt2SmallWorksAndMatchesSampledRows) {
   constexpr Index T_ = kLongTokens, C = 768, H = 12;

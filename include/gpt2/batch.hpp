@@ -182,21 +182,21 @@ Index batch_workspace_rows(const BatchLayout& batch) {
   return std::max(batch.max_length(), std::min(batch.real_rows(), kBatchGroupRows));
 }
 
-// Sequences [b0, b1) of a cached batch (one sequence, or with row-exact projections several),
-// whose `rows` real rows fit the workspace, through the projections together: their x rows gathered into ws.merged, one qkv projection into ws.qkv, then
-// for each sequence its keys and values appended to its cache and its heads attended (into
-// ws.merged, the gathered rows being read by then), one output projection into ws.qkv's first C
-// columns, and the rows scattered to out, padding zeroed. Every row gets the bits a forward of its
-// sequence alone gives (row-exact projections; the attention is per sequence either way).
-// appended: sequences whose caches have been appended to (all of 0 .. appended - 1).
-template <class T, class CacheAt>
-void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                      const BatchLayout& batch, const CacheAt& caches, Index b0, Index b1,
-                      Index rows, Workspace<T>& ws, MatrixRef<T>& out, Index& appended) {
+// Sequences [b0, b1) of a batch (one sequence, or with row-exact projections several), whose
+// `rows` real rows fit the workspace, through the projections together: their x rows gathered into
+// ws.merged, one qkv projection into ws.qkv, then for each sequence with rows
+// step(b, qkv_b [n, 3C], merged_b [n, C], n_threads) (its keys and values stored, its heads
+// attended into merged_b: ws.merged, the gathered rows being read by then), one output projection
+// into ws.qkv's first C columns, and the rows scattered to out, padding zeroed. Every row gets the
+// bits a forward of its sequence alone gives (row-exact projections; the attention is per
+// sequence either way). The KVCache and the paged forwards differ only in their step.
+template <class T, class Step>
+void run_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, const BatchLayout& batch,
+               Index b0, Index b1, Index rows, Workspace<T>& ws, MatrixRef<T>& out,
+               const Step& step) {
   const Index C = w.n_embd();
   if (rows == 0) {  // every sequence sits the step out: nothing to project (and an empty workspace
     for (Index b = b0; b < b1; ++b) zero_padding<T>(batch, b, out);  // has no storage to view)
-    appended = b1;
     return;
   }
   const int n_threads = forward_threads(ws);
@@ -211,19 +211,9 @@ void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
   const ConstMatrixRef<T> qkv_read = qkv;
   for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b) {
     const Index n = batch.length(b);
-    if (n == 0) {
-      appended = b + 1;
-      continue;
-    }
-    KVCache<T>& cache = caches(b);
-    const ConstMatrixRef<T> qkv_b = qkv_read.middleRows(r, n);
-    cache.append(qkv_b.middleCols(C, C), qkv_b.middleCols(2 * C, C));
-    appended = b + 1;
-    const KVCache<T>& cached = cache;
+    if (n == 0) continue;
     MatrixRef<T> merged_b = merged.middleRows(r, n);
-    attend_heads<T>(
-        w.config(), qkv_b, [&](Index h) { return cached.keys(h); },
-        [&](Index h) { return cached.values(h); }, ws, merged_b, nullptr, n_threads);
+    step(b, ConstMatrixRef<T>(qkv_read.middleRows(r, n)), merged_b, n_threads);
   }
 
   MatrixRef<T> projected = ws.qkv.topLeftCorner(rows, C);  // qkv is read by then
@@ -233,6 +223,26 @@ void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
     out.middleRows(batch.first_row(b), batch.length(b)) = projected.middleRows(r, batch.length(b));
     zero_padding<T>(batch, b, out);
   }
+}
+
+// run_group over KVCaches: each sequence's keys and values appended to its cache, then attended.
+// appended: sequences whose caches have been appended to (all of 0 .. appended - 1).
+template <class T, class CacheAt>
+void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                      const BatchLayout& batch, const CacheAt& caches, Index b0, Index b1,
+                      Index rows, Workspace<T>& ws, MatrixRef<T>& out, Index& appended) {
+  const Index C = w.n_embd();
+  run_group<T>(w, x, batch, b0, b1, rows, ws, out,
+               [&](Index b, const ConstMatrixRef<T>& qkv_b, MatrixRef<T>& merged_b, int n_threads) {
+                 KVCache<T>& cache = caches(b);
+                 cache.append(qkv_b.middleCols(C, C), qkv_b.middleCols(2 * C, C));
+                 appended = b + 1;
+                 const KVCache<T>& cached = cache;
+                 attend_heads<T>(
+                     w.config(), qkv_b, [&](Index h) { return cached.keys(h); },
+                     [&](Index h) { return cached.values(h); }, ws, merged_b, nullptr, n_threads);
+               });
+  appended = b1;
 }
 
 // The batched cached forward; caches(b) is sequence b's KVCache<T>& (B of them).

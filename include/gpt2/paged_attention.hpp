@@ -149,46 +149,21 @@ void paged_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, Pag
   }
 }
 
-// Sequences [b0, b1) of a paged batch through the projections together, as run_cached_group
-// does for KVCaches (same gathering, same groups: the same bits), their new keys and values
-// written to layer `layer` of their blocks and attended over in place.
+// Sequences [b0, b1) of a paged batch through batch.hpp's run_group (the KVCache forward's
+// gathering and groups: the same bits), their new keys and values written to layer `layer` of
+// their blocks and attended over in place.
 template <class T, class SeqAt>
 void run_paged_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
                      const BatchLayout& batch, const SeqAt& seqs, Index layer, Index b0, Index b1,
                      Index rows, Workspace<T>& ws, MatrixRef<T>& out) {
   const Index C = w.n_embd();
-  if (rows == 0) {
-    for (Index b = b0; b < b1; ++b) zero_padding<T>(batch, b, out);
-    return;
-  }
-  const int n_threads = forward_threads(ws);
-  MatrixRef<T> gathered = ws.merged.topRows(rows);
-  for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b)
-    gathered.middleRows(r, batch.length(b)) = x.middleRows(batch.first_row(b), batch.length(b));
-  MatrixRef<T> qkv = ws.qkv.topRows(rows);
-  const ConstMatrixRef<T> gathered_read = gathered;
-  qkv_parallel<T>(w, gathered_read, qkv, ws, n_threads);
-
-  MatrixRef<T> merged = ws.merged.topRows(rows);
-  const ConstMatrixRef<T> qkv_read = qkv;
-  for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b) {
-    const Index n = batch.length(b);
-    if (n == 0) continue;
-    PagedSequence<T>& seq = seqs(b);
-    const ConstMatrixRef<T> qkv_b = qkv_read.middleRows(r, n);
-    seq.write_last(layer, qkv_b.middleCols(C, C), qkv_b.middleCols(2 * C, C));
-    seq.fill_pages(layer);
-    MatrixRef<T> merged_b = merged.middleRows(r, n);
-    attend_heads_paged<T>(w.config(), qkv_b, seq, ws, merged_b, n_threads);
-  }
-
-  MatrixRef<T> projected = ws.qkv.topLeftCorner(rows, C);  // qkv is read by then
-  const ConstMatrixRef<T> merged_read = merged;
-  proj_parallel<T>(w, merged_read, projected, ws, n_threads);
-  for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b) {
-    out.middleRows(batch.first_row(b), batch.length(b)) = projected.middleRows(r, batch.length(b));
-    zero_padding<T>(batch, b, out);
-  }
+  run_group<T>(w, x, batch, b0, b1, rows, ws, out,
+               [&](Index b, const ConstMatrixRef<T>& qkv_b, MatrixRef<T>& merged_b, int n_threads) {
+                 PagedSequence<T>& seq = seqs(b);
+                 seq.write_last(layer, qkv_b.middleCols(C, C), qkv_b.middleCols(2 * C, C));
+                 seq.fill_pages(layer);
+                 attend_heads_paged<T>(w.config(), qkv_b, seq, ws, merged_b, n_threads);
+               });
 }
 
 // The batched paged forward; seqs(b) is sequence b's PagedSequence<T>& (B distinct ones).
