@@ -7,6 +7,8 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "gpt2/error.hpp"
@@ -71,10 +73,35 @@ void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::Matri
   kernels::generic::gemm<T>(alpha, A, B, op_b, C, scratch);
 }
 
+// C[M, n] += A[M, K] * B[:, j0 : j0 + n], B a bf16 weight [K, N] (PackedMatrix with dtype bf16;
+// j0 a multiple of 32), at the active level: widened to float32 at generic (through Eigen), avx2
+// and avx512; A rounded to bf16 for VDPBF16PS at avx512_bf16 and for AMX tiles at amx. Float32
+// accumulation everywhere. Shapes already checked.
+// PyTorch: C.add_(A @ B[:, j0:j0+n].float())   (avx512_bf16, amx: A.bfloat16().float() for A)
+inline void gemm_bf16_columns(const ConstMatrixRef<float>& A, const PackedMatrix& B, Index j0,
+                              Index n, MatrixRef<float>& C, GemmScratch<float>& scratch) {
+  const Index M = A.rows(), K = A.cols();
+  const std::uint16_t* panels = B.bf16_panels_from(j0);
+  if (const kernels::Bf16Gemm gemm = kernels::bf16_gemm(active_isa())) {
+    gemm(M, n, K, A.data(), A.outerStride(), panels, B.depth(), C.data(), C.outerStride(),
+         scratch.packed_b());
+    return;
+  }
+  const Index depth_block = std::min<Index>(kernels::bf16_depth(K), kernels::kPackFloats / kernels::kBf16PanelCols);
+  scratch.reserve(M, kernels::kBf16PanelCols, depth_block);
+  kernels::generic::gemm_bf16(
+      M, n, K, A.data(), A.outerStride(), panels, B.depth(), C.data(), C.outerStride(),
+      scratch.packed_b(), kernels::kPackFloats,
+      [&scratch](const ConstMatrixRef<float>& a, const ConstMatrixRef<float>& b, MatrixRef<float>& c) {
+        kernels::generic::gemm<float>(1.0f, a, b, Op::None, c, scratch);
+      });
+}
+
 // C[M, n] += A[M, K] * B[:, j0 : j0 + n], B [K, N] given as a row-major view and, optionally, as
-// a PackedMatrix copy of it (null: none). The packed copy is read when the active level has vector
-// kernels (bitwise what the view gives: the same chains of multiply-adds); the generic level, and
-// double, read the view. j0 is a multiple of kernels::kPanelCols when `packed` is given.
+// a PackedMatrix copy of it (null: none). A float32 packed copy is read when the active level has
+// vector kernels (bitwise what the view gives: the same chains of multiply-adds); the generic
+// level, and double, read the view. A bf16 packed copy (float only) is read at every level
+// (gemm_bf16_columns): the view is not. j0 is a multiple of kernels::kPanelCols when `packed` is given.
 // PyTorch: C.add_(A @ B[:, j0:j0+n])
 template <class T>
 void gemm_accumulate_columns(const ConstMatrixRef<T>& A, const ConstMatrixRef<T>& B,
@@ -95,6 +122,12 @@ void gemm_accumulate_columns(const ConstMatrixRef<T>& A, const ConstMatrixRef<T>
                        std::to_string(j0));
   }
   if constexpr (std::is_same<T, float>::value) {
+    if (packed != nullptr && packed->dtype() == WeightDtype::bf16) {
+      if (detail::overlaps(C, A)) throw ShapeError("gemm: the output C overlaps an input");
+      if (A.rows() == 0 || n == 0 || A.cols() == 0) return;
+      gemm_bf16_columns(A, *packed, j0, n, C, scratch);
+      return;
+    }
     const kernels::FloatKernels* k = detail::vector_kernels<T>();
     if (packed != nullptr && k != nullptr) {
       if (detail::overlaps(C, A)) throw ShapeError("gemm: the output C overlaps an input");

@@ -4,7 +4,14 @@
 //
 // pack_weights(w) (float) adds the one documented copy: c_attn.weight and c_proj.weight in the
 // vector kernels' panel layout (kernels/pack.hpp), made once, so that the projections stop packing
-// B on every call.
+// B on every call. pack_weights(w, WeightDtype::bf16) makes that copy in bfloat16 instead (half
+// the bytes; the projections then read it at every level, and compute in bf16 where the level
+// has bf16 instructions).
+//
+// The weight precision is a property of the packed copy, not of the type: a forward on
+// AttentionWeights<float> runs bf16 projections exactly when its weights were packed to bf16
+// (weight_dtype()). Biases, inputs, outputs, q, k, v, the attention core and the KV cache stay
+// float32.
 #pragma once
 
 #include <memory>
@@ -68,12 +75,14 @@ class AttentionWeights {
   const PackedMatrix* packed_c_attn_weight() const { return packed_ ? &packed_->c_attn : nullptr; }
   const PackedMatrix* packed_c_proj_weight() const { return packed_ ? &packed_->c_proj : nullptr; }
   bool is_packed() const { return packed_ != nullptr; }
+  // The packed copies' precision (float32 for views only).
+  WeightDtype weight_dtype() const { return packed_ ? packed_->c_attn.dtype() : WeightDtype::float32; }
   // Bytes of the packed copies (0 for views only).
   Index packed_bytes() const { return packed_ ? packed_->c_attn.bytes() + packed_->c_proj.bytes() : 0; }
 
  private:
   template <class U>
-  friend AttentionWeights<float> pack_weights(const AttentionWeights<U>& w);
+  friend AttentionWeights<float> pack_weights(const AttentionWeights<U>& w, WeightDtype dtype);
 
   struct Packed {
     PackedMatrix c_attn, c_proj;
@@ -98,14 +107,22 @@ class AttentionWeights {
 // level reads the views. The views (and the biases) still point at the caller's buffers, which
 // must outlive the result as before (pages of a memory-mapped file that are not read again cost
 // no memory once the OS drops them). float only: double runs Eigen's GEMM at every level.
+//
+// dtype bf16: the copy is c_attn.weight and c_proj.weight rounded to bfloat16 (nearest, ties to
+// even: exact for a checkpoint stored in BF16, which the safetensors loader widens to float32;
+// F16 values are rounded), 2 C^2 + 32 pad rows' worth of bf16 (4.7 MB for GPT-2 small), in the
+// bf16 panel layout (kernels/bf16.hpp). Every level then reads the bf16 copy, never the views: a
+// projection's result depends on the level (docs/kernels.md), each level's rows stay exact
+// (decode == prefill, bitwise).
 template <class U>
-AttentionWeights<float> pack_weights(const AttentionWeights<U>& w) {
+AttentionWeights<float> pack_weights(const AttentionWeights<U>& w,
+                                     WeightDtype dtype = WeightDtype::float32) {
   static_assert(std::is_same<U, float>::value,
                 "gpt2::pack_weights: packed weights are float only (double runs Eigen's GEMM)");
   AttentionWeights<float> packed = w;
   auto p = std::make_shared<typename AttentionWeights<float>::Packed>();
-  p->c_attn = PackedMatrix(w.c_attn_weight());
-  p->c_proj = PackedMatrix(w.c_proj_weight());
+  p->c_attn = PackedMatrix(w.c_attn_weight(), dtype);
+  p->c_proj = PackedMatrix(w.c_proj_weight(), dtype);
   packed.packed_ = std::move(p);
   return packed;
 }

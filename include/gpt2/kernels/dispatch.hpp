@@ -8,13 +8,22 @@
 //            plain x86-64 build); also the only level of double, of MSVC and of non-x86 builds
 //   avx2     AVX2 + FMA, 256-bit (kernels/avx2.hpp)
 //   avx512   AVX-512 F/BW/DQ/VL, 512-bit (kernels/avx512.hpp)
+//   avx512_bf16  avx512 plus AVX512-BF16: bf16 products on VDPBF16PS (kernels/avx512_bf16.hpp);
+//            its float32 kernels are avx512's
+//   amx      avx512_bf16 plus AMX-BF16 tiles: bf16 products on TDPBF16PS (kernels/amx.hpp); on
+//            Linux the process must be granted the tile data (arch_prctl, asked once): a refusal
+//            makes the level unavailable, with the reason in kernel_info(). Float32 kernels: avx512's
+//
+// bf16 weights (pack_weights(w, WeightDtype::bf16)) run at every level: generic, avx2 and avx512
+// widen them to float32 (float32 math, half the bytes); avx512_bf16 and amx round the activations
+// to bf16 for the instruction and accumulate in float32.
 //
 // Every translation unit of a program should be compiled with the same -m flags (as for Eigen
 // itself): the linker keeps one copy of each inline kernel, and a copy compiled with -mavx512f
 // could carry AVX-512 instructions into the avx2 level.
 //
 // The level in use is the highest the CPU has, unless forced: by the environment variable
-// GPT2_ATTENTION_ISA=generic|avx2|avx512 (read once, at the first use), or by set_isa() (which wins
+// GPT2_ATTENTION_ISA=generic|avx2|avx512|avx512_bf16|amx (read once, at the first use), or by set_isa() (which wins
 // over the environment). A level the CPU lacks, or an unknown name, is a ConfigError naming the
 // levels available: never a silent fallback.
 //
@@ -52,16 +61,21 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "gpt2/error.hpp"
+#include "gpt2/kernels/amx.hpp"
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/avx2.hpp"
 #include "gpt2/kernels/avx2_attention.hpp"
+#include "gpt2/kernels/avx2_bf16.hpp"
 #include "gpt2/kernels/avx512.hpp"
 #include "gpt2/kernels/avx512_attention.hpp"
+#include "gpt2/kernels/avx512_bf16.hpp"
+#include "gpt2/kernels/bf16.hpp"
 #include "gpt2/kernels/cpu.hpp"
 #include "gpt2/kernels/pack.hpp"
 #include "gpt2/types.hpp"
@@ -69,31 +83,48 @@
 namespace gpt2 {
 
 // The kernel levels, lowest first.
-enum class Isa : int { generic = 0, avx2 = 1, avx512 = 2 };
+enum class Isa : int { generic = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3, amx = 4 };
 
-inline constexpr Isa kAllIsas[] = {Isa::generic, Isa::avx2, Isa::avx512};
+inline constexpr Isa kAllIsas[] = {Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16,
+                                   Isa::amx};
 
-// "generic", "avx2", "avx512": the names GPT2_ATTENTION_ISA and set_isa take.
+// "generic", "avx2", "avx512", "avx512_bf16", "amx": the names GPT2_ATTENTION_ISA and set_isa take.
 inline const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::avx512_bf16: return "avx512_bf16";
+    case Isa::amx: return "amx";
     default: return "generic";
   }
 }
 
-// Whether this build and this CPU (and OS) can run the level.
-inline bool isa_supported(Isa isa) {
-  const kernels::CpuFeatures& f = kernels::cpu_features();
-  switch (isa) {
-    case Isa::generic: return true;
-    case Isa::avx2: return GPT2_KERNELS_HAVE_AVX2 && f.avx2 && f.fma;
-    case Isa::avx512:
-      return GPT2_KERNELS_HAVE_AVX512 && f.avx2 && f.fma && f.avx512f && f.avx512bw &&
-             f.avx512dq && f.avx512vl;
-  }
-  return false;
+// The float32 kernels a level runs: avx512_bf16 and amx add bf16 products to avx512's.
+inline Isa float_level(Isa isa) {
+  return isa == Isa::avx512_bf16 || isa == Isa::amx ? Isa::avx512 : isa;
 }
+
+// Whether the CPU (and OS) has what the level needs, and why not (empty when it has).
+inline std::string isa_missing(Isa isa) {
+  const kernels::CpuFeatures& f = kernels::cpu_features();
+  const bool avx512 = GPT2_KERNELS_HAVE_AVX512 && f.avx2 && f.fma && f.avx512f && f.avx512bw &&
+                      f.avx512dq && f.avx512vl;
+  switch (isa) {
+    case Isa::generic: return "";
+    case Isa::avx2: return GPT2_KERNELS_HAVE_AVX2 && f.avx2 && f.fma ? "" : "avx2";
+    case Isa::avx512: return avx512 ? "" : "avx512";
+    case Isa::avx512_bf16: return avx512 && f.avx512_bf16 ? "" : "avx512_bf16";
+    case Isa::amx:
+      if (!(GPT2_KERNELS_HAVE_AMX && avx512 && f.avx512_bf16 && f.amx_bf16 && f.amx_tile))
+        return "amx";
+      if (!kernels::amx_permission().granted) return "amx (" + kernels::amx_permission().reason + ")";
+      return "";
+  }
+  return "unknown";
+}
+
+// Whether this build and this CPU (and OS) can run the level.
+inline bool isa_supported(Isa isa) { return isa_missing(isa).empty(); }
 
 // The levels this machine can run, lowest first (generic always).
 inline std::vector<Isa> available_isas() {
@@ -125,7 +156,7 @@ inline Isa parse_isa(const std::string& name, const std::string& who) {
   for (Isa isa : kAllIsas) {
     if (name != isa_name(isa)) continue;
     if (!isa_supported(isa))
-      throw ConfigError(who + ": the CPU has no " + name + " (levels available here: " +
+      throw ConfigError(who + ": the CPU has no " + isa_missing(isa) + " (levels available here: " +
                         isa_list(available_isas()) + "; cpu: " + kernels::cpu_features().names() +
                         ")");
     return isa;
@@ -182,14 +213,14 @@ inline Isa active_isa() {
 // reproducible; across levels they agree within the float32 bar.
 inline void set_isa(Isa isa) {
   const int level = static_cast<int>(isa);
-  if (level < 0 || level > static_cast<int>(Isa::avx512))
+  if (level < 0 || level > static_cast<int>(Isa::amx))
     throw ConfigError("set_isa: unknown kernel level " + std::to_string(level) +
                       " (expected one of " + detail::isa_list(detail::all_isas()) + ")");
   if (!isa_supported(isa)) detail::parse_isa(isa_name(isa), "set_isa");  // throws the error
   detail::forced_isa().store(static_cast<int>(isa), std::memory_order_relaxed);
 }
 
-// The same by name ("generic", "avx2", "avx512").
+// The same by name ("generic", "avx2", "avx512", "avx512_bf16", "amx").
 inline void set_isa(const std::string& name) { set_isa(detail::parse_isa(name, "set_isa")); }
 
 // Undoes set_isa(): back to GPT2_ATTENTION_ISA or the CPU's best.
@@ -202,6 +233,7 @@ struct KernelInfo {
   std::string chosen_by;        // "cpu" (the best it has), "GPT2_ATTENTION_ISA" or "set_isa"
   std::string cpu;              // the features seen, e.g. "avx2 fma avx512f avx512bw ..."
   std::vector<Isa> available;   // lowest first
+  std::string unavailable;      // levels the CPU or OS lacks, with the reason: "amx (...)"; or ""
 
   // "avx512 (cpu: avx2 fma avx512f ...)"-style one-line summary: "LEVEL; cpu: FEATURES".
   std::string summary() const { return level + "; cpu: " + cpu; }
@@ -220,6 +252,10 @@ inline KernelInfo kernel_info() {
     info.chosen_by = "cpu";
   info.cpu = kernels::cpu_features().names();
   info.available = available_isas();
+  for (Isa isa : kAllIsas) {
+    const std::string missing = isa_missing(isa);
+    if (!missing.empty()) info.unavailable += (info.unavailable.empty() ? "" : ", ") + missing;
+  }
   return info;
 }
 
@@ -244,8 +280,10 @@ struct FloatKernels {
                              const float* partials);
 };
 
-// The table of a vector level (null for generic, and for a level this build does not have).
+// The table of a vector level (null for generic, and for a level this build does not have);
+// avx512_bf16 and amx run avx512's.
 inline const FloatKernels* float_kernels(Isa isa) {
+  isa = float_level(isa);
 #if GPT2_KERNELS_HAVE_AVX512
   static const FloatKernels avx512_table{Isa::avx512,           avx512::gemm,
                                          avx512::gemm_packed,    avx512::row_times_matrix,
@@ -268,6 +306,30 @@ inline const FloatKernels* float_kernels(Isa isa) {
 
 // The active level's float kernels, or null at the generic level (the math then runs Eigen).
 inline const FloatKernels* float_kernels() { return float_kernels(active_isa()); }
+
+// One level's bf16 product: C[M, N] += A[M, K] * B[K, N], A float32 row-major (stride lda), B a
+// bf16 weight's panels (kernels/bf16.hpp; depth Kp), C row-major (stride ldc); scratch:
+// kPackFloats floats, 64-byte aligned (GemmScratch::packed_b()).
+using Bf16Gemm = void (*)(Index M, Index N, Index K, const float* A, Index lda,
+                          const std::uint16_t* Bp, Index Kp, float* C, Index ldc, float* scratch);
+
+// The bf16 product of a vector level (null for generic, which runs kernels::generic::gemm_bf16
+// through Eigen, and for a level this build does not have).
+inline Bf16Gemm bf16_gemm(Isa isa) {
+  switch (isa) {
+#if GPT2_KERNELS_HAVE_AMX
+    case Isa::amx: return amx::gemm_bf16;
+#endif
+#if GPT2_KERNELS_HAVE_AVX512
+    case Isa::avx512_bf16: return avx512_bf16::gemm_bf16;
+    case Isa::avx512: return avx512::gemm_bf16;
+#endif
+#if GPT2_KERNELS_HAVE_AVX2
+    case Isa::avx2: return avx2::gemm_bf16;
+#endif
+    default: return nullptr;
+  }
+}
 
 }  // namespace kernels
 }  // namespace gpt2

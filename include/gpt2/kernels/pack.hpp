@@ -5,15 +5,21 @@
 // Panel layout of B [K, N]: ceil(N / 32) panels; panel p holds columns [32 p, 32 p + 32) as K rows
 // of 32 floats, zeros past N: element (k, j) at data[(j / 32) * K * 32 + k * 32 + j % 32]. 64-byte
 // aligned. Every vector level reads this same layout.
+//
+// A bf16 weight (PackedMatrix(B, WeightDtype::bf16)) is B rounded to bfloat16 (nearest, ties to
+// even) in the bf16 panel layout of kernels/bf16.hpp: half the bytes; every level reads it (the
+// generic level too).
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <string>
 
 #include "gpt2/error.hpp"
+#include "gpt2/kernels/bf16.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
@@ -23,10 +29,42 @@ inline constexpr Index kPanelCols = 32;      // columns of a panel
 inline constexpr Index kPackFloats = 32768;  // floats of a per-call packing buffer (GemmScratch)
 }  // namespace kernels
 
-// An owning copy of a float matrix B [K, N] in the panel layout. Move-only.
+// The precision of a packed weight: float32 (bitwise the checkpoint's values) or bfloat16.
+enum class WeightDtype { float32, bf16 };
+
+// "float32", "bf16" (the names --dtype takes).
+inline const char* dtype_name(WeightDtype dtype) {
+  return dtype == WeightDtype::bf16 ? "bf16" : "float32";
+}
+
+// An owning copy of a float matrix B [K, N] in the panel layout, float32 or bf16. Move-only.
 class PackedMatrix {
  public:
   PackedMatrix() = default;
+
+  // B [K, N] in the layout of `dtype`: float32 as below, or bf16 (kernels/bf16.hpp: each element
+  // rounded to nearest even; one allocation of ceil(N / 32) * Kp * 32 bf16, Kp = K rounded up to
+  // a multiple of 32).
+  PackedMatrix(const ConstMatrixRef<float>& B, WeightDtype dtype) : PackedMatrix() {
+    if (dtype == WeightDtype::float32) {
+      *this = PackedMatrix(B);
+      return;
+    }
+    dtype_ = WeightDtype::bf16;
+    rows_ = B.rows();
+    cols_ = B.cols();
+    depth_ = kernels::bf16_depth(rows_);
+    const Index panels = (cols_ + kernels::kBf16PanelCols - 1) / kernels::kBf16PanelCols;
+    size_ = panels * depth_ * kernels::kBf16PanelCols;
+    if (size_ == 0) return;
+    bf16_.reset(static_cast<std::uint16_t*>(::operator new(
+        static_cast<std::size_t>(size_) * sizeof(std::uint16_t), std::align_val_t(64))));
+    std::memset(bf16_.get(), 0, static_cast<std::size_t>(size_) * sizeof(std::uint16_t));
+    for (Index k = 0; k < rows_; ++k)
+      for (Index j = 0; j < cols_; ++j)
+        bf16_.get()[kernels::bf16_packed_offset(k, j, depth_)] =
+            kernels::round_to_bf16(B(k, j));
+  }
 
   // Copies B [K, N] (a row-major view) into the panel layout: one allocation of
   // ceil(N / 32) * K * 32 floats.
@@ -51,11 +89,29 @@ class PackedMatrix {
 
   Index rows() const { return rows_; }  // K
   Index cols() const { return cols_; }  // N
-  const float* data() const { return data_.get(); }
-  Index bytes() const { return size_ * static_cast<Index>(sizeof(float)); }
+  WeightDtype dtype() const { return dtype_; }
+  const float* data() const { return data_.get(); }  // float32 (null for bf16)
+  Index bytes() const {
+    return size_ * static_cast<Index>(dtype_ == WeightDtype::bf16 ? sizeof(std::uint16_t)
+                                                                  : sizeof(float));
+  }
+
+  // bf16: the packed depth Kp (K rounded up to a multiple of 32), and the panels from column j on
+  // (j a multiple of 32), the bf16 layout of B[:, j:].
+  Index depth() const { return dtype_ == WeightDtype::bf16 ? depth_ : rows_; }
+  const std::uint16_t* bf16_panels_from(Index j) const {
+    if (dtype_ != WeightDtype::bf16)
+      throw ShapeError("packed matrix: expected a bf16 weight, got a float32 one");
+    if (j % kernels::kBf16PanelCols != 0 || j < 0 || j > cols_)
+      throw ShapeError("packed matrix: expected a column offset in [0, " + std::to_string(cols_) +
+                       "] that is a multiple of 32, got " + std::to_string(j));
+    return bf16_.get() + (j / kernels::kBf16PanelCols) * depth_ * kernels::kBf16PanelCols;
+  }
 
   // The panels from column j on (j a multiple of kPanelCols): the packed layout of B[:, j:].
   const float* panels_from(Index j) const {
+    if (dtype_ != WeightDtype::float32)
+      throw ShapeError("packed matrix: expected a float32 weight, got a bf16 one");
     if (j % kernels::kPanelCols != 0 || j < 0 || j > cols_)
       throw ShapeError("packed matrix: expected a column offset in [0, " + std::to_string(cols_) +
                        "] that is a multiple of 32, got " + std::to_string(j));
@@ -65,9 +121,12 @@ class PackedMatrix {
  private:
   struct AlignedDelete {
     void operator()(float* p) const { ::operator delete(p, std::align_val_t(64)); }
+    void operator()(std::uint16_t* p) const { ::operator delete(p, std::align_val_t(64)); }
   };
   std::unique_ptr<float, AlignedDelete> data_;
-  Index rows_ = 0, cols_ = 0, size_ = 0;
+  std::unique_ptr<std::uint16_t, AlignedDelete> bf16_;
+  WeightDtype dtype_ = WeightDtype::float32;
+  Index rows_ = 0, cols_ = 0, size_ = 0, depth_ = 0;
 };
 
 }  // namespace gpt2

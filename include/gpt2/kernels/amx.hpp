@@ -1,0 +1,190 @@
+// The amx level's bf16 product: C[M, N] += A[M, K] * B[K, N] on AMX tiles (TDPBF16PS), A float32
+// rounded to bf16 (nearest even), B a bf16 weight in the bf16 panel layout of kernels/bf16.hpp,
+// float32 accumulation.
+//
+// Tiles: C as 2 x 2 tiles of 16 x 16 floats (a 32-row, 32-column block: tmm0-3), A as two 16 x 32
+// bf16 tiles (tmm4-5, rows of A's bf16 copy), B as two 16-pair-row x 16-column tiles (tmm6-7: the
+// two halves of a panel's pair rows, 128 bytes apart, loaded in place: the packed layout is the
+// tile layout). Per 32 k: 4 tile loads, 4 TDPBF16PS. Each C block starts from zero, adds the
+// depth's tiles in k order, and is then added to C: a row gets the same bits whatever rows go with
+// it (decode == prefill).
+//
+// On Linux a process must ask for the tile data state once (arch_prctl(ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA)) before its first tile instruction; request_amx_permission() does, and its
+// answer decides whether the level is available (dispatch.hpp reports a refusal's reason).
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "gpt2/kernels/avx512_bf16.hpp"
+#include "gpt2/kernels/bf16.hpp"
+#include "gpt2/types.hpp"
+
+#if GPT2_KERNELS_HAVE_AVX512 && (defined(__GNUC__) || defined(__clang__)) && \
+    (!defined(__GNUC__) || defined(__clang__) || __GNUC__ >= 11)
+#define GPT2_KERNELS_HAVE_AMX 1
+#define GPT2_KERNEL_AMX \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,amx-tile,amx-bf16,avx2,fma")))
+#else
+#define GPT2_KERNELS_HAVE_AMX 0
+#endif
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace gpt2::kernels {
+
+// Whether this process may use the AMX tile data (asked once; Linux only), and why not.
+struct AmxPermission {
+  bool granted = false;
+  std::string reason;  // empty when granted
+};
+
+inline AmxPermission request_amx_permission() {
+  AmxPermission p;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) {
+    p.granted = true;
+  } else {
+    p.reason = "the kernel refused the AMX tile data (arch_prctl(ARCH_REQ_XCOMP_PERM): " +
+               std::string(std::strerror(errno)) + ")";
+  }
+#else
+  p.reason = "AMX needs Linux's arch_prctl(ARCH_REQ_XCOMP_PERM) in this build";
+#endif
+  return p;
+}
+
+// Asked once per process, on the first call (thread-safe).
+inline const AmxPermission& amx_permission() {
+  static const AmxPermission permission = request_amx_permission();
+  return permission;
+}
+
+}  // namespace gpt2::kernels
+
+#if GPT2_KERNELS_HAVE_AMX
+namespace gpt2::kernels::amx {
+
+inline constexpr Index kBlockRows = 32;   // rows of C per tile block (two A tiles)
+inline constexpr Index kTileDepth = 32;   // bf16 of k per tile step
+inline constexpr Index kColBlock = 256;   // columns of B per pass (8 panels: 384 KB at K = 768)
+inline constexpr Index kCopyDepth = 1024; // depth of A's bf16 copy per pass
+// Scratch: A's bf16 copy (32 rows x kCopyDepth) and the C blocks of a column block's panels.
+inline constexpr Index kCopyFloats = kBlockRows * kCopyDepth / 2;
+inline constexpr Index kBlockFloats = kBlockRows * kBf16PanelCols;
+static_assert(kCopyFloats + (kColBlock / kBf16PanelCols) * kBlockFloats <= kPackFloats,
+              "the amx product's scratch fits GemmScratch's buffer");
+
+// The tile configuration (palette 1): tmm0-3 C (16 x 64 bytes), tmm4-5 A (16 rows x 32 bf16),
+// tmm6-7 B (16 pair rows x 16 columns).
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+GPT2_KERNEL_AMX inline void load_tile_config() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+}
+
+// The four C tiles of a 32 x 32 block += A's two row tiles x the panel's two column tiles over
+// `depth` k (a multiple of 32): a points at A's bf16 copy (row stride a_stride bf16), b at the
+// panel's pair row of the first k. `first`: start from zero, else from `block` (float[32][32]);
+// the sums are stored back into block.
+GPT2_KERNEL_AMX inline void tile_block(const std::uint16_t* a, Index a_stride,
+                                       const std::uint16_t* b, Index depth, float* block,
+                                       bool first) {
+  constexpr Index kBlockStride = kBf16PanelCols * sizeof(float);   // bytes per row of block
+  constexpr Index kPairStride = 2 * kBf16PanelCols * sizeof(std::uint16_t);  // bytes per pair row
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, block, kBlockStride);
+    _tile_loadd(1, block + 16, kBlockStride);
+    _tile_loadd(2, block + 16 * kBf16PanelCols, kBlockStride);
+    _tile_loadd(3, block + 16 * kBf16PanelCols + 16, kBlockStride);
+  }
+  const Index a_bytes = a_stride * static_cast<Index>(sizeof(std::uint16_t));
+  for (Index k = 0; k < depth; k += kTileDepth) {
+    const std::uint16_t* pairs = b + k * kBf16PanelCols;  // pair row k / 2
+    _tile_loadd(4, a + k, a_bytes);
+    _tile_loadd(5, a + 16 * a_stride + k, a_bytes);
+    _tile_loadd(6, pairs, kPairStride);
+    _tile_loadd(7, pairs + 32, kPairStride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, block, kBlockStride);
+  _tile_stored(1, block + 16, kBlockStride);
+  _tile_stored(2, block + 16 * kBf16PanelCols, kBlockStride);
+  _tile_stored(3, block + 16 * kBf16PanelCols + 16, kBlockStride);
+}
+
+// C[rows, 32] += block[rows, 32] (lanes past N masked).
+GPT2_KERNEL_AMX inline void add_block(const float* block, Index rows, float* c, Index ldc,
+                                      __mmask16 m0, __mmask16 m1) {
+  for (Index r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    const float* s = block + r * kBf16PanelCols;
+    _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), _mm512_load_ps(s)));
+    _mm512_mask_storeu_ps(row + 16, m1,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), _mm512_load_ps(s + 16)));
+  }
+}
+
+// C[M, N] += A[M, K] * B[K, N], B bf16-packed (depth Kp, from its first panel); scratch:
+// kPackFloats floats, 64-byte aligned. Rows of A's copy past M are zeros, as are its columns
+// past K (B's rows past K are zeros too).
+GPT2_KERNEL_AMX inline void gemm_bf16(Index M, Index N, Index K, const float* A, Index lda,
+                                      const std::uint16_t* Bp, Index Kp, float* C, Index ldc,
+                                      float* scratch) {
+  std::uint16_t* copy = reinterpret_cast<std::uint16_t*>(scratch);
+  float* blocks = scratch + kCopyFloats;
+  load_tile_config();
+  for (Index jb = 0; jb < N; jb += kColBlock) {
+    const Index cols = std::min(kColBlock, N - jb);
+    for (Index ib = 0; ib < M; ib += kBlockRows) {
+      const Index rows = std::min(kBlockRows, M - ib);
+      for (Index k0 = 0; k0 < Kp; k0 += kCopyDepth) {
+        const Index depth = std::min(kCopyDepth, Kp - k0);  // a multiple of 32
+        const Index k_left = std::max<Index>(0, std::min(depth, K - k0));
+        avx512_bf16::round_rows_to_bf16(rows, k_left, A + ib * lda + k0, lda, depth, copy);
+        if (rows < kBlockRows)
+          std::memset(copy + rows * depth, 0,
+                      static_cast<std::size_t>((kBlockRows - rows) * depth) * sizeof(std::uint16_t));
+        for (Index j0 = jb; j0 < jb + cols; j0 += kBf16PanelCols) {
+          const std::uint16_t* panel =
+              Bp + (j0 / kBf16PanelCols) * Kp * kBf16PanelCols + k0 * kBf16PanelCols;
+          tile_block(copy, depth, panel, depth, blocks + ((j0 - jb) / kBf16PanelCols) * kBlockFloats,
+                     k0 == 0);
+        }
+      }
+      for (Index j0 = jb; j0 < jb + cols; j0 += kBf16PanelCols)
+        add_block(blocks + ((j0 - jb) / kBf16PanelCols) * kBlockFloats, rows, C + ib * ldc + j0, ldc,
+                  avx512::lanes(j0, N), avx512::lanes(j0 + 16, N));
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace gpt2::kernels::amx
+#endif  // GPT2_KERNELS_HAVE_AMX
