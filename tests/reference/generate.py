@@ -14,6 +14,15 @@ with an attention mask) and "batch_decode" (left-padded batched generation with 
 cache). Each is checked, to the same 1e-12, against the whole-sequence reference of every sequence
 alone. tests/reference/README.md describes every kind's inputs, tensors and metadata.
 
+Every case is also run twice more by the same torch code, as yardsticks for the C++ float and bf16
+paths (not references): the "torch32" run (x and weights rounded to float32, everything in float32:
+metadata torch32_err_*) and the "torch bf16" run (the float32 x and weights rounded to nearest-even
+torch.bfloat16, as `model.to(torch.bfloat16)` does, then every op in bfloat16 with torch's own CPU
+kernels, masks with finfo(bfloat16).min, no upcasting by this script). The bf16 run's `out` is stored
+as tensor `out_torch_bf16` (its bf16 values as F64, same rows and shape as `out`), and its errors
+against the float64 reference as metadata torch_bf16_err_out (every case), torch_bf16_err_merged and
+torch_bf16_err_probs (where the case stores merged / probs).
+
 Random inputs come from a counter-based generator that tests/support/det_random.hpp reproduces bit
 for bit, so only a few rows of each result need to be committed, never the inputs:
 
@@ -28,7 +37,9 @@ Usage:
 The real-weights cases read gpt2-small-h0-attention.safetensors from --weights, else from the
 environment variable GPT2_SMALL_WEIGHTS, else from /work/shared/gpt2-small/; they are skipped with a
 message when the file is absent. Output is deterministic: re-running rewrites identical files (on the
-same machine; torch's float32 error figures in the metadata depend on the BLAS kernels used).
+same machine; torch's float32 and bf16 figures, out_torch_bf16 included, depend on the CPU kernels
+used: the bf16 products go through oneDNN, on AMX where the CPU has it). A run ends by printing the
+summary table and, per case, torch's float32 and bf16 error on out.
 """
 
 import argparse
@@ -415,6 +426,19 @@ def real_inputs(spec, weights):
     return x64, w64, x32, w32
 
 
+def bf16_inputs(x32, w32):
+    """The torch bf16 run's inputs: the float32 run's x and weights rounded to nearest-even bfloat16,
+    what `model.to(torch.bfloat16)` does to a float32 model (real-weights cases: x = ln_1(wpe[:T])
+    computed in float32, then rounded). Every op then runs in bfloat16 with torch's own CPU kernels
+    (masks with finfo(bfloat16).min), as Hugging Face's GPT2Attention does in a bf16 model."""
+    return x32.to(torch.bfloat16), {n: t.to(torch.bfloat16) for n, t in w32.items()}
+
+
+def as_f64(t):
+    """A torch tensor of any float dtype (bfloat16 included, which numpy lacks) as float64 numpy, exact."""
+    return t.double().numpy().copy()
+
+
 def _provenance(spec, weights_sha256):
     """Where a case's inputs come from: the checkpoint (source + weights_sha256) or the generator
     (seed + scale_* keys), in that order."""
@@ -436,9 +460,12 @@ def run_case(spec, weights, weights_sha256):
     else:
         x64, w64, x32, w32 = random_inputs(spec)
 
+    xbf, wbf = bf16_inputs(x32, w32)
+
     with torch.no_grad():
         ref = torch_attention(x64, w64, n_head)
         f32 = torch_attention(x32, w32, n_head)
+        bf16 = torch_attention(xbf, wbf, n_head)
 
     # Cross-check against the numpy loop formulation, all rows.
     alt = numpy_attention_loop(x64.numpy(), {n: t.numpy() for n, t in w64.items()}, n_head)
@@ -468,6 +495,12 @@ def run_case(spec, weights, weights_sha256):
     if spec.get("x_rows"):
         tensors["x_rows"] = x64[idx]
     tensors = {n: t.numpy().copy() for n, t in tensors.items()}
+    tensors_bf16 = {
+        "out": as_f64(bf16["out"][idx]),
+        "merged": as_f64(bf16["merged"][idx]),
+        "probs": as_f64(bf16["probs"][:, idx, :]),
+    }
+    tensors["out_torch_bf16"] = tensors_bf16["out"]
 
     causal = torch.tril(torch.ones((T, T), dtype=torch.bool))
     max_abs_logit = float(ref["raw_logits"].abs().masked_fill(~causal, 0.0).max())
@@ -481,6 +514,7 @@ def run_case(spec, weights, weights_sha256):
         if name in tensors32:
             errs[name] = rel_err(tensors32[name].numpy(), tensors[name])
             meta["torch32_err_" + name] = f"{errs[name]:.3e}"
+    errs.update(_torch_bf16_errs(meta, tensors, tensors_bf16, ["out", "merged", "probs"]))
     notes = []
     if len(rows) < T:
         notes.append(f"rows subset: {len(rows)} of {T} query rows stored to keep fixtures small")
@@ -524,6 +558,19 @@ def _torch32_errs(meta, tensors, tensors32, names):
     return errs
 
 
+def _torch_bf16_errs(meta, tensors, tensors_bf16, names):
+    """torch_bf16_err_<name> = rel_err(torch bf16, float64 reference) over the stored rows, for each
+    name stored in both; returned as errs["bf16_<name>"]."""
+    errs = {}
+    for name in names:
+        if name in tensors and name in tensors_bf16:
+            if not np.all(np.isfinite(tensors_bf16[name])):
+                raise AssertionError(f"{meta['case']}: torch bf16 {name} is not finite")
+            errs["bf16_" + name] = rel_err(tensors_bf16[name], tensors[name])
+            meta["torch_bf16_err_" + name] = f"{errs['bf16_' + name]:.3e}"
+    return errs
+
+
 # --- kind "past" ------------------------------------------------------------------------------
 
 def past_chunked(x, w, n_head, chunks):
@@ -559,10 +606,12 @@ def run_past_case(spec, weights, weights_sha256):
     rows = spec.get("rows", list(range(T)))
     assert rows == sorted(set(rows)) and rows[0] >= 0 and rows[-1] < T
     x64, w64, x32, w32 = _case_inputs(spec, weights)
+    xbf, wbf = bf16_inputs(x32, w32)
 
     with torch.no_grad():
         ref = past_chunked(x64, w64, n_head, chunks)
         f32 = past_chunked(x32, w32, n_head, chunks)
+        bf16 = past_chunked(xbf, wbf, n_head, chunks)
         whole = torch_attention(x64, w64, n_head)
     alt = numpy_attention_loop(x64.numpy(), {n: t.numpy() for n, t in w64.items()}, n_head)
     for name in ["out", "probs", "k", "v"]:
@@ -578,13 +627,15 @@ def run_past_case(spec, weights, weights_sha256):
         t = {"out": r["out"][idx], "present_k": r["k"][:, idx, :], "present_v": r["v"][:, idx, :]}
         if spec["probs"]:
             t["probs"] = r["probs"][:, idx, :]
-        return {n: a.numpy().copy() for n, a in t.items()}
+        return {n: as_f64(a) for n, a in t.items()}
 
-    tensors, tensors32 = stored(ref), stored(f32)
+    tensors, tensors32, tensors_bf16 = stored(ref), stored(f32), stored(bf16)
+    tensors["out_torch_bf16"] = tensors_bf16["out"]
     meta = _meta_head(spec, weights_sha256, {"T": str(T), "chunks": _csv(chunks)})
     meta["rows"] = _csv(rows)
     meta["max_abs_logit"] = f"{ref['max_abs_logit']:.6g}"
     errs = _torch32_errs(meta, tensors, tensors32, ["out", "probs", "present_k", "present_v"])
+    errs.update(_torch_bf16_errs(meta, tensors, tensors_bf16, ["out", "probs"]))
     notes = []
     if len(rows) < T:
         notes.append(f"rows subset: {len(rows)} of {T} positions stored to keep fixtures small")
@@ -619,9 +670,11 @@ def run_batch_case(spec, weights, weights_sha256):
         out[torch.from_numpy(~real)] = 0.0  # the library's contract; HF's values there are meaningless
         return out, r
 
+    xbf, wbf = bf16_inputs(x32, w32)
     with torch.no_grad():
         out64, r64 = batched(x64, w64)
         out32, _ = batched(x32, w32)
+        outbf, _ = batched(xbf, wbf)
 
     # Real queries must give exactly zero weight to padded keys; max |logit| over real queries and the
     # real keys they can see.
@@ -651,13 +704,15 @@ def run_batch_case(spec, weights, weights_sha256):
                      whole["out"].numpy())
         _cross_check(spec["case"], f"sequence {b} vs numpy-loop reference, out", out64[sel].numpy(), alt["out"])
 
-    tensors = {"out": out64.numpy().copy()}
+    tensors_bf16 = {"out": as_f64(outbf)}
+    tensors = {"out": out64.numpy().copy(), "out_torch_bf16": tensors_bf16["out"]}
     tensors32 = {"out": out32.numpy().copy()}
     meta = _meta_head(spec, weights_sha256, {"B": str(B), "T": str(T), "starts": _csv(starts),
                                              "lengths": _csv(lengths)})
     meta["rows"] = _csv(range(N))
     meta["max_abs_logit"] = f"{max_abs_logit:.6g}"
     errs = _torch32_errs(meta, tensors, tensors32, ["out"])
+    errs.update(_torch_bf16_errs(meta, tensors, tensors_bf16, ["out"]))
     meta["note"] = "all B*T rows stored; rows of padding are exactly 0"
     return tensors, meta, errs, max_abs_logit, {"probs": torch.from_numpy(np.concatenate(real_probs)),
                                                 "out": out64[torch.from_numpy(real)]}
@@ -723,9 +778,11 @@ def run_batch_decode_case(spec, weights, weights_sha256):
                     result[b * Lmax + t] = outs[b, j]
         return result, steps
 
+    xbf, wbf = bf16_inputs(x32, w32)
     with torch.no_grad():
         out64, steps64 = generate(x64, w64)
         out32, _ = generate(x32, w32)
+        outbf, _ = generate(xbf, wbf)
 
     max_abs_logit = 0.0
     real_probs = []
@@ -756,13 +813,15 @@ def run_batch_decode_case(spec, weights, weights_sha256):
                      whole["out"].numpy())
         _cross_check(spec["case"], f"sequence {b} vs numpy-loop reference, out", out64[sel].numpy(), alt["out"])
 
-    tensors = {"out": out64.numpy().copy()}
+    tensors_bf16 = {"out": as_f64(outbf)}
+    tensors = {"out": out64.numpy().copy(), "out_torch_bf16": tensors_bf16["out"]}
     tensors32 = {"out": out32.numpy().copy()}
     meta = _meta_head(spec, weights_sha256, {"B": str(B), "lengths": _csv(lengths), "prompts": _csv(prompts),
                                              "Lmax": str(Lmax), "T": str(Lmax)})
     meta["rows"] = _csv(range(B * Lmax))
     meta["max_abs_logit"] = f"{max_abs_logit:.6g}"
     errs = _torch32_errs(meta, tensors, tensors32, ["out"])
+    errs.update(_torch_bf16_errs(meta, tensors, tensors_bf16, ["out"]))
     meta["note"] = (f"row b*Lmax+i = token i of sequence b, rows i >= lengths[b] are 0; generated as "
                     f"{maxP} left-padded prompt slots + {n_steps} steps of one slot; padding slot j of "
                     f"sequence b is pad row b*Lmax + j mod Lmax")
@@ -842,6 +901,7 @@ def main():
     total = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out)
                 if f.endswith(".safetensors"))
     print(f"\ntotal fixture bytes: {total}")
+    print("\ntorch float32 and bfloat16 error on out against the float64 reference:\n" + format_bf16_table(table))
     if args.update_readme:
         if only or weights is None:
             print("warning: --update-readme needs every case; README left alone", file=sys.stderr)
@@ -895,7 +955,8 @@ def table_row(spec, meta, errs, max_abs_logit, size):
         rows = f"all {n_rows}"
     kv = max(errs[n] for n in ("present_k", "present_v")) if "present_k" in errs else None
     return dict(case=spec["case"], kind=kind, C=spec["C"], n_head=spec["n_head"], T=T, layout=layout, rows=rows,
-                out=errs["out"], probs=errs.get("probs"), merged=errs.get("merged"), kv=kv,
+                out=errs["out"], out_bf16=errs["bf16_out"], probs=errs.get("probs"), merged=errs.get("merged"),
+                kv=kv,
                 max_abs_logit=max_abs_logit, size=size)
 
 
@@ -903,13 +964,23 @@ def format_table(table):
     def e(v):
         return "-" if v is None else f"{v:.3e}"
 
-    lines = ["| case | kind | C | n_head | T | layout | rows | torch32_err_out | torch32_err_probs "
-             "| torch32_err_merged | torch32_err_present_k/v | max_abs_logit | bytes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | kind | C | n_head | T | layout | rows | torch32_err_out | torch_bf16_err_out "
+             "| torch32_err_probs | torch32_err_merged | torch32_err_present_k/v | max_abs_logit | bytes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r['case']} | {r['kind']} | {r['C']} | {r['n_head']} | {r['T']} | {r['layout']} "
-                     f"| {r['rows']} | {e(r['out'])} | {e(r['probs'])} | {e(r['merged'])} | {e(r['kv'])} "
-                     f"| {r['max_abs_logit']:.6g} | {r['size']} |")
+                     f"| {r['rows']} | {e(r['out'])} | {e(r['out_bf16'])} | {e(r['probs'])} | {e(r['merged'])} "
+                     f"| {e(r['kv'])} | {r['max_abs_logit']:.6g} | {r['size']} |")
+    return "\n".join(lines)
+
+
+def format_bf16_table(table):
+    """case, torch float32 and torch bfloat16 error on out (both against the float64 reference)."""
+    width = max([len("case")] + [len(r["case"]) for r in table])
+    lines = [f"{'case':<{width}}  torch32_err_out  torch_bf16_err_out",
+             f"{'-' * width}  ---------------  ------------------"]
+    for r in table:
+        lines.append(f"{r['case']:<{width}}  {r['out']:15.3e}  {r['out_bf16']:18.3e}")
     return "\n".join(lines)
 
 
