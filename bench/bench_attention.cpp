@@ -65,6 +65,12 @@ const gpt2::AttentionWeights<float>& packed_model() {
   return w;
 }
 
+// The same weights packed in bf16 (pack_weights(w, WeightDtype::bf16)).
+const gpt2::AttentionWeights<float>& bf16_model() {
+  static const gpt2::AttentionWeights<float> w = pack_weights(model().weights(), gpt2::WeightDtype::bf16);
+  return w;
+}
+
 RowMatrix<float> input(Index T) {
   std::srand(2);
   return RowMatrix<float>::Random(T, kC);
@@ -112,10 +118,9 @@ void set_counters(benchmark::State& state, const WallClock& clock, double tokens
   state.counters["tokens_per_second"] = tokens_per_iter * iters / clock.seconds();
 }
 
-void prefill(benchmark::State& state) {
+void run_prefill(benchmark::State& state, const gpt2::AttentionWeights<float>& w) {
   if (!use_threads(state)) return;
   const Index T = state.range(0);
-  const gpt2::AttentionWeights<float>& w = packed_model();
   const RowMatrix<float> x = input(T);
   RowMatrix<float> out(T, kC);
   gpt2::Workspace<float> ws(w.config(), T);
@@ -132,13 +137,14 @@ void prefill(benchmark::State& state) {
   // core's tile buffer (independent of T) and the projections' packing buffers
   state.counters["workspace_bytes"] = static_cast<double>(ws.bytes());
 }
+void prefill(benchmark::State& state) { run_prefill(state, packed_model()); }
+void prefill_bf16(benchmark::State& state) { run_prefill(state, bf16_model()); }
 
 // One decode step: one new token attending to `past` cached positions plus itself. The cache is
 // truncated back to `past` after each step, so every iteration does the same work.
-void decode(benchmark::State& state) {
+void run_decode(benchmark::State& state, const gpt2::AttentionWeights<float>& w) {
   if (!use_threads(state)) return;
   const Index past = state.range(0);
-  const gpt2::AttentionWeights<float>& w = packed_model();
   const RowMatrix<float> x = input(past + 1);
   gpt2::KVCache<float> cache(w.config(), past + 1);
   gpt2::Workspace<float> ws(w.config(), std::max<Index>(past, 1), cache.capacity());
@@ -155,6 +161,8 @@ void decode(benchmark::State& state) {
   clock.stop();
   set_counters(state, clock, 1, decode_flop(past));
 }
+void decode(benchmark::State& state) { run_decode(state, packed_model()); }
+void decode_bf16(benchmark::State& state) { run_decode(state, bf16_model()); }
 
 // One batched decode step of B sequences, each with its own cache of `past` positions (one layer,
 // the same weights every step): one new token per sequence through the cached batched forward.
@@ -299,12 +307,12 @@ Model& decode_model_state(Index past) {
 
 // One decode step per iteration, through layer (iteration mod 12): the weights and cache of the
 // other 11 layers have pushed this one's out of the caches by then, as in a real model.
-void decode_model(benchmark::State& state) {
+void run_decode_model(benchmark::State& state, gpt2::WeightDtype dtype) {
   if (!use_threads(state)) return;
   const Index past = state.range(0);
   Model& m = decode_model_state(past);
   std::vector<gpt2::AttentionWeights<float>> weights;
-  for (const Gpt2SmallLayer& layer : m.layers) weights.push_back(layer.packed());
+  for (const Gpt2SmallLayer& layer : m.layers) weights.push_back(pack_weights(layer.weights(), dtype));
   const RowMatrix<float> x = input(1);
   RowMatrix<float> out(1, kC);
   gpt2::Workspace<float> ws(weights[0].config(), 1, past + 1);
@@ -321,9 +329,15 @@ void decode_model(benchmark::State& state) {
   }
   clock.stop();
   set_counters(state, clock, 1, decode_flop(past));
-  // Read per step: the layer's weights, and the keys and values of past + 1 positions.
-  state.counters["bytes"] = Gpt2SmallLayer::bytes() + 2.0 * 4.0 * kC * (past + 1);
+  // Read per step: the layer's weights (half of them in bf16), and the keys and values of past + 1
+  // positions.
+  const double weight_bytes = dtype == gpt2::WeightDtype::bf16
+                                  ? static_cast<double>(weights[0].packed_bytes()) + 4.0 * 4 * kC
+                                  : Gpt2SmallLayer::bytes();
+  state.counters["bytes"] = weight_bytes + 2.0 * 4.0 * kC * (past + 1);
 }
+void decode_model(benchmark::State& state) { run_decode_model(state, gpt2::WeightDtype::float32); }
+void decode_model_bf16(benchmark::State& state) { run_decode_model(state, gpt2::WeightDtype::bf16); }
 
 void baseline_eigen(benchmark::State& state) {
   if (!use_threads(state)) return;
@@ -358,10 +372,9 @@ void baseline_eigen_decode(benchmark::State& state) {
   set_counters(state, clock, 1, decode_flop(past));
 }
 
-void stage_qkv(benchmark::State& state) {
+void run_stage_qkv(benchmark::State& state, const gpt2::AttentionWeights<float>& w) {
   if (!use_threads(state)) return;
   const Index T = state.range(0);
-  const gpt2::AttentionWeights<float>& w = packed_model();
   const RowMatrix<float> x = input(T);
   gpt2::Workspace<float> ws(w.config(), T);
   gpt2::MatrixRef<float> qkv = ws.qkv.topRows(T);
@@ -376,6 +389,8 @@ void stage_qkv(benchmark::State& state) {
   clock.stop();
   set_counters(state, clock, T, qkv_flop(T));
 }
+void stage_qkv(benchmark::State& state) { run_stage_qkv(state, packed_model()); }
+void stage_qkv_bf16(benchmark::State& state) { run_stage_qkv(state, bf16_model()); }
 
 void stage_attention(benchmark::State& state) {
   if (!use_threads(state)) return;
@@ -528,6 +543,9 @@ const std::vector<int64_t> kPrefillTokens = {64, 128, 256, 512, 1024, 2048};
 const std::vector<int64_t> kTokens = {64, 256, 1024};
 
 BENCHMARK(prefill)->Name("prefill")->ArgsProduct({kPrefillTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
+BENCHMARK(prefill_bf16)->Name("prefill_bf16")->ArgsProduct({{64, 256, 1024, 2048}, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
+BENCHMARK(decode_bf16)->Name("decode_bf16")->ArgsProduct({{0, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_model_bf16)->Name("decode_model_bf16")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode)->Name("decode")->ArgsProduct({{0, 127, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_batch)->Name("decode_batch")->ArgsProduct({{4, 16}, {1023}, kThreads})->ArgNames({"B", "past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_batch)->Name("decode_batch")->ArgsProduct({{64}, {512}, kThreads})->ArgNames({"B", "past", "threads"})->Unit(benchmark::kMicrosecond);
@@ -536,6 +554,7 @@ BENCHMARK(decode_paged_unshared)->Name("decode_paged_unshared")->ArgsProduct({{6
 BENCHMARK(decode_model)->Name("decode_model")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(baseline_eigen)->Name("baseline_eigen")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(baseline_eigen_decode)->Name("baseline_eigen_decode")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
+BENCHMARK(stage_qkv_bf16)->Name("stage_qkv_bf16")->ArgsProduct({{64, 1024}, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(stage_qkv)->Name("stage_qkv")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(stage_attention)->Name("stage_attention")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(stage_proj)->Name("stage_proj")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);

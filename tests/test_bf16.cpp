@@ -234,6 +234,7 @@ TEST_P(Bf16Gemm, EveryShapeAgainstItsArithmetic) {
               ASSERT_EQ(c, widened_chain(A, B, C0, i, j)) << "at (" << i << ", " << j << ")";
             } else if (isa == Isa::avx512_bf16) {
               ASSERT_EQ(c, dot_pairs(A, B, C0, i, j)) << "at (" << i << ", " << j << ")";
+
             } else {
               const Reference r = exact(A, B, C0, i, j, round_a);
               ASSERT_LE(std::fabs(c - r.value), r.bound) << "at (" << i << ", " << j << ")";

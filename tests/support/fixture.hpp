@@ -45,6 +45,7 @@ class Fixture {
   const std::vector<Index>& rows() const { return rows_; }  // the query rows stored
   bool is_real() const { return file_.metadata().count("seed") == 0; }
   bool has(const std::string& tensor) const { return file_.contains(tensor); }
+  bool has_meta(const std::string& key) const { return file_.metadata().count(key) != 0; }
 
   const std::string& meta(const std::string& key) const {
     const auto it = file_.metadata().find(key);

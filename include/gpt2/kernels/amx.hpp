@@ -101,10 +101,11 @@ GPT2_KERNEL_AMX inline void load_tile_config() {
   _tile_loadconfig(&config);
 }
 
-// The four C tiles of a 32 x 32 block += A's two row tiles x the panel's two column tiles over
-// `depth` k (a multiple of 32): a points at A's bf16 copy (row stride a_stride bf16), b at the
-// panel's pair row of the first k. `first`: start from zero, else from `block` (float[32][32]);
-// the sums are stored back into block.
+// The C tiles of a 32 x 32 block (Rows = 32: four tiles; Rows = 16: the upper two) += A's row
+// tiles x the panel's two column tiles over `depth` k (a multiple of 32): a points at A's bf16
+// copy (row stride a_stride bf16), b at the panel's pair row of the first k. `first`: start from
+// zero, else from `block` (float[32][32]); the sums are stored back into block.
+template <int Rows>
 GPT2_KERNEL_AMX inline void tile_block(const std::uint16_t* a, Index a_stride,
                                        const std::uint16_t* b, Index depth, float* block,
                                        bool first) {
@@ -113,30 +114,38 @@ GPT2_KERNEL_AMX inline void tile_block(const std::uint16_t* a, Index a_stride,
   if (first) {
     _tile_zero(0);
     _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if constexpr (Rows == 32) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
   } else {
     _tile_loadd(0, block, kBlockStride);
     _tile_loadd(1, block + 16, kBlockStride);
-    _tile_loadd(2, block + 16 * kBf16PanelCols, kBlockStride);
-    _tile_loadd(3, block + 16 * kBf16PanelCols + 16, kBlockStride);
+    if constexpr (Rows == 32) {
+      _tile_loadd(2, block + 16 * kBf16PanelCols, kBlockStride);
+      _tile_loadd(3, block + 16 * kBf16PanelCols + 16, kBlockStride);
+    }
   }
   const Index a_bytes = a_stride * static_cast<Index>(sizeof(std::uint16_t));
   for (Index k = 0; k < depth; k += kTileDepth) {
     const std::uint16_t* pairs = b + k * kBf16PanelCols;  // pair row k / 2
     _tile_loadd(4, a + k, a_bytes);
-    _tile_loadd(5, a + 16 * a_stride + k, a_bytes);
     _tile_loadd(6, pairs, kPairStride);
     _tile_loadd(7, pairs + 32, kPairStride);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    if constexpr (Rows == 32) {
+      _tile_loadd(5, a + 16 * a_stride + k, a_bytes);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
   }
   _tile_stored(0, block, kBlockStride);
   _tile_stored(1, block + 16, kBlockStride);
-  _tile_stored(2, block + 16 * kBf16PanelCols, kBlockStride);
-  _tile_stored(3, block + 16 * kBf16PanelCols + 16, kBlockStride);
+  if constexpr (Rows == 32) {
+    _tile_stored(2, block + 16 * kBf16PanelCols, kBlockStride);
+    _tile_stored(3, block + 16 * kBf16PanelCols + 16, kBlockStride);
+  }
 }
 
 // C[rows, 32] += block[rows, 32] (lanes past N masked).
@@ -152,8 +161,7 @@ GPT2_KERNEL_AMX inline void add_block(const float* block, Index rows, float* c, 
 }
 
 // C[M, N] += A[M, K] * B[K, N], B bf16-packed (depth Kp, from its first panel); scratch:
-// kPackFloats floats, 64-byte aligned. Rows of A's copy past M are zeros, as are its columns
-// past K (B's rows past K are zeros too).
+// kPackFloats floats, 64-byte aligned. A's copy has zeros past K, as B has zero rows past K.
 GPT2_KERNEL_AMX inline void gemm_bf16(Index M, Index N, Index K, const float* A, Index lda,
                                       const std::uint16_t* Bp, Index Kp, float* C, Index ldc,
                                       float* scratch) {
@@ -168,14 +176,16 @@ GPT2_KERNEL_AMX inline void gemm_bf16(Index M, Index N, Index K, const float* A,
         const Index depth = std::min(kCopyDepth, Kp - k0);  // a multiple of 32
         const Index k_left = std::max<Index>(0, std::min(depth, K - k0));
         avx512_bf16::round_rows_to_bf16(rows, k_left, A + ib * lda + k0, lda, depth, copy);
-        if (rows < kBlockRows)
-          std::memset(copy + rows * depth, 0,
-                      static_cast<std::size_t>((kBlockRows - rows) * depth) * sizeof(std::uint16_t));
+        // Rows of the copy past `rows` hold whatever an earlier block left there: they only feed
+        // rows of the C block that are never added to C (tile instructions raise no exceptions).
         for (Index j0 = jb; j0 < jb + cols; j0 += kBf16PanelCols) {
           const std::uint16_t* panel =
               Bp + (j0 / kBf16PanelCols) * Kp * kBf16PanelCols + k0 * kBf16PanelCols;
-          tile_block(copy, depth, panel, depth, blocks + ((j0 - jb) / kBf16PanelCols) * kBlockFloats,
-                     k0 == 0);
+          float* block = blocks + ((j0 - jb) / kBf16PanelCols) * kBlockFloats;
+          if (rows > 16)
+            tile_block<32>(copy, depth, panel, depth, block, k0 == 0);
+          else
+            tile_block<16>(copy, depth, panel, depth, block, k0 == 0);
         }
       }
       for (Index j0 = jb; j0 < jb + cols; j0 += kBf16PanelCols)
