@@ -26,6 +26,7 @@
 
 #include "gpt2/error.hpp"
 #include "gpt2/gemm.hpp"
+#include "gpt2/kernels/amx_attention.hpp"
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kernels/generic.hpp"
@@ -87,7 +88,10 @@ class AttentionScratch {
 
   // The fused core's buffer for head_dim (allocated when it is smaller; 64-byte aligned).
   void reserve_tile(Index head_dim) {
-    const Index want = kernels::attention_scratch_size<T>(head_dim);
+    Index want = kernels::attention_scratch_size<T>(head_dim);
+#if GPT2_KERNELS_HAVE_AMX
+    if (bf16_products_) want = std::max(want, kernels::amx::attention_floats(head_dim));
+#endif
     if (tile_size_ >= want) return;
     const std::size_t bytes = static_cast<std::size_t>(want) * sizeof(T);
     std::unique_ptr<T, AlignedDelete> grown(
@@ -96,6 +100,13 @@ class AttentionScratch {
     tile_size_ = want;
   }
   T* tile() { return tile_.get(); }
+
+  // Whether the fused core's two products run in bf16 (the weights' precision: set by the forward,
+  // see detail::use_weight_dtype). Only the amx level has a bf16 core (kernels/amx_attention.hpp);
+  // elsewhere the float32 core runs either way. With it the tile buffer grows, once, to the AMX
+  // core's (tiles of up to 256 rows: 212 KiB at head_dim 64).
+  bool bf16_products() const { return bf16_products_; }
+  void set_bf16_products(bool on) { bf16_products_ = on; }
 
   // Bytes of the buffers held.
   Index bytes() const {
@@ -106,6 +117,7 @@ class AttentionScratch {
   RowMatrix<T> scores;  // [kAttentionRowBlock, max_keys rounded up to kScoreRowAlign<T>]
 
  private:
+  bool bf16_products_ = false;
   struct AlignedDelete {
     void operator()(T* p) const { ::operator delete(p, std::align_val_t(64)); }
   };
@@ -169,13 +181,21 @@ kernels::AttentionTile<T> tile_of(const ConstMatrixRef<T>& q, Index n_keys, Inde
   t.out = out.data() + r0 * out.outerStride();
   t.ldo = out.outerStride();
   t.scratch = scratch.tile();
+  t.bf16 = scratch.bf16_products();
   return t;
 }
 
-// Runs a tile at the active level (generic: the plain C++ core; float and double).
+// Runs a tile at the active level (generic: the plain C++ core; float and double). A bf16 tile
+// (bf16 weights) runs the AMX core at the amx level, when the head size fits it.
 template <class T>
 void run_tile(const kernels::AttentionTile<T>& t) {
   if constexpr (std::is_same<T, float>::value) {
+#if GPT2_KERNELS_HAVE_AMX
+    if (t.bf16 && active_isa() == Isa::amx && kernels::amx::attention_fits(t.head_dim)) {
+      kernels::amx::attention_tile_bf16(t);
+      return;
+    }
+#endif
     if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
       kern->attention_tile(t);
       return;
@@ -312,9 +332,27 @@ void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
   if (probs) probability_rows<T>(q, k, r0, nb, *probs, scratch);
 }
 
-// Row tiles of a head with n_query query rows.
-inline Index attention_row_tiles(Index n_query) {
-  return (n_query + kAttentionRowBlock - 1) / kAttentionRowBlock;
+// Row tiles of a head with n_query query rows (of row_block rows each).
+inline Index attention_row_tiles(Index n_query, Index row_block = kAttentionRowBlock) {
+  return (n_query + row_block - 1) / row_block;
+}
+
+// Query rows per tile for a head's rows of width head_dim: the AMX core's 256 for bf16 products at
+// the amx level without probabilities (each key block packed once for 4 row groups), else
+// kAttentionRowBlock.
+template <class T>
+Index attention_row_block(const AttentionScratch<T>& scratch, Index head_dim, bool with_probs) {
+#if GPT2_KERNELS_HAVE_AMX
+  if constexpr (std::is_same<T, float>::value) {
+    if (!with_probs && scratch.bf16_products() && active_isa() == Isa::amx &&
+        kernels::amx::attention_fits(head_dim))
+      return kernels::amx::kAmxTileMaxRows;
+  }
+#endif
+  (void)scratch;
+  (void)head_dim;
+  (void)with_probs;
+  return kAttentionRowBlock;
 }
 
 // Every check of one head's call: shapes and overlaps. probs is null when not requested.

@@ -89,11 +89,20 @@ void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& we
   });
 }
 
+// Records the weights' precision in ws's per-thread attention scratch: with bf16 weights the
+// fused core's products run in bf16 too (at the amx level; kernels/amx_attention.hpp).
+template <class T>
+void use_weight_dtype(Workspace<T>& ws, WeightDtype dtype) {
+  for (ThreadScratch<T>& t : ws.threads) t.attention.set_bf16_products(dtype == WeightDtype::bf16);
+}
+
 // qkv [T, 3C] = x @ c_attn.weight + c_attn.bias, and out [T, C] = merged @ c_proj.weight +
-// c_proj.bias, on n_threads threads (the packed copies when w has them).
+// c_proj.bias, on n_threads threads (the packed copies when w has them). qkv_parallel, the first
+// step of every forward, also records the weights' precision for the attention (use_weight_dtype).
 template <class T>
 void qkv_parallel(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, MatrixRef<T>& qkv,
                   Workspace<T>& ws, int n_threads) {
+  use_weight_dtype(ws, w.weight_dtype());
   projection_parallel<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(), qkv, ws,
                          n_threads);
 }
@@ -114,6 +123,8 @@ bool split_decode_step(const AttentionConfig& config, const ConstMatrixRef<T>& q
                        MatrixRef<T>& merged, int n_threads) {
   const Index n_head = config.n_head, hd = config.head_dim();
   if (qkv.rows() != 1 || n_head >= n_threads) return false;
+  // bf16 products have no split form: the row runs whole, as in a prefill (the same bits)
+  if (!ws.threads.empty() && ws.threads[0].attention.bf16_products()) return false;
   const Index n_keys = keys_of(0).rows();
   const Index n_blocks = (n_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock;
   const Index chunks = std::min<Index>(n_blocks, (n_threads + n_head - 1) / n_head);
@@ -169,12 +180,15 @@ void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
       check_attention_head<T>(q_view(qkv, config, h), keys_of(h), values_of(h), y, nullptr);
     }
   }
-  const Index tiles = attention_row_tiles(T_);
+  const Index row_block = ws.threads.empty() ? kAttentionRowBlock
+                                             : attention_row_block(ws.threads[0].attention,
+                                                                   config.head_dim(), probs != nullptr);
+  const Index tiles = attention_row_tiles(T_, row_block);
   if (!probs && split_decode_step<T>(config, qkv, keys_of, values_of, ws, merged, n_threads)) return;
   if (probs) ws.reserve_probabilities();  // the probabilities' score tiles (the first time)
   parallel_tasks(n_head * tiles, n_threads, [&](Index task, int thread) {
     const Index h = task / tiles, tile = tiles - 1 - task % tiles;
-    const Index r0 = tile * kAttentionRowBlock, nb = std::min(kAttentionRowBlock, T_ - r0);
+    const Index r0 = tile * row_block, nb = std::min(row_block, T_ - r0);
     MatrixRef<T> y = head_slot(merged, config, h);
     AttentionScratch<T>& scratch = ws.threads[static_cast<std::size_t>(thread)].attention;
     if (probs) {

@@ -98,10 +98,13 @@ template <class T>
 void attend_heads_paged(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
                         const PagedSequence<T>& seq, Workspace<T>& ws, MatrixRef<T>& merged,
                         int n_threads) {
-  const Index T_ = qkv.rows(), tiles = attention_row_tiles(T_);
+  const Index row_block = ws.threads.empty() ? kAttentionRowBlock
+                                             : attention_row_block(ws.threads[0].attention,
+                                                                   config.head_dim(), false);
+  const Index T_ = qkv.rows(), tiles = attention_row_tiles(T_, row_block);
   parallel_tasks(config.n_head * tiles, n_threads, [&](Index task, int thread) {
     const Index h = task / tiles, tile = tiles - 1 - task % tiles;
-    const Index r0 = tile * kAttentionRowBlock, nb = std::min(kAttentionRowBlock, T_ - r0);
+    const Index r0 = tile * row_block, nb = std::min(row_block, T_ - r0);
     MatrixRef<T> y = head_slot(merged, config, h);
     AttentionScratch<T>& scratch = ws.threads[static_cast<std::size_t>(thread)].attention;
     attention_rows<T>(q_view(qkv, config, h), head_pages(seq, h), r0, nb, y, scratch);

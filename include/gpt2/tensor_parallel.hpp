@@ -462,6 +462,7 @@ void shard_partial(const TensorParallelAttention<T>& tp, const ConstMatrixRef<T>
   const int n_threads = forward_threads(ws);
   // x is fully read here: out may alias x
   // (the shard's weights are not in the kernels' panel layout: the products pack B per call)
+  use_weight_dtype(ws, WeightDtype::float32);  // tensor-parallel shards are float32
   projection_parallel<T>(x, tp.c_attn_weight(), nullptr, tp.c_attn_bias(), qkv, ws, n_threads);
   const ConstMatrixRef<T> qkv_read = qkv;
   if (cache) {

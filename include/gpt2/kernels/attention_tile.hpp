@@ -62,6 +62,7 @@ struct AttentionTile {
   T* out = nullptr;
   Index ldo = 0;
   T* scratch = nullptr;  // attention_scratch_size<T>(head_dim) scalars, 64-byte aligned
+  bool bf16 = false;     // the products in bf16 (bf16 weights): the amx level's AMX core
 };
 
 // head_dim rounded up to a multiple of 16 (the width of one row of qs and o in the scratch).
