@@ -478,6 +478,150 @@ TEST_F(CliTest, RunPrefillWithoutProbsAndOnAnEmptySequence) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// run --dtype bf16: float32 files, c_attn.weight and c_proj.weight packed in bfloat16
+// ---------------------------------------------------------------------------------------------
+
+// x rounded to the nearest bfloat16 (ties to even), as a float: written here from the definition
+// (the nearer of the two bf16 values around x, compared in double), not with the library's bit
+// trick. For the finite values of these tests.
+float round_to_bf16(float x) {
+  std::uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof u);
+  const std::uint32_t toward_zero = u & 0xFFFF0000u, away = toward_zero + 0x10000u;
+  float a = 0, b = 0;
+  std::memcpy(&a, &toward_zero, sizeof a);
+  std::memcpy(&b, &away, sizeof b);
+  const double da = std::abs(static_cast<double>(x) - a), db = std::abs(static_cast<double>(b) - x);
+  if (da != db) return da < db ? a : b;
+  return (toward_zero & 0x10000u) == 0 ? a : b;  // a tie: the even one
+}
+
+RowMatrix<float> rounded_to_bf16(const RowMatrix<float>& m) {
+  RowMatrix<float> r(m.rows(), m.cols());
+  for (Index i = 0; i < m.size(); ++i) r.data()[i] = round_to_bf16(m.data()[i]);
+  return r;
+}
+
+// The layer with its two weights rounded to bf16 (biases as they are): what --dtype bf16 computes
+// with at the levels that widen the weights to float32 (generic, avx2, avx512).
+Layer bf16_weights(const Layer& l) {
+  Layer r = l;
+  r.c_attn_weight = rounded_to_bf16(l.c_attn_weight);
+  r.c_proj_weight = rounded_to_bf16(l.c_proj_weight);
+  return r;
+}
+
+// max |actual - expected| / max |expected|.
+double relative_max_error(const RowMatrix<double>& actual, const RowMatrix<double>& expected) {
+  if (actual.rows() != expected.rows() || actual.cols() != expected.cols() || expected.size() == 0)
+    return std::numeric_limits<double>::infinity();
+  return (actual - expected).cwiseAbs().maxCoeff() / expected.cwiseAbs().maxCoeff();
+}
+
+// The bound of --dtype bf16 against f32 that these tests (and the CLI's documentation) hold:
+// max |Y_bf16 - Y_f32| <= 1e-2 max |Y_f32|, and |P_bf16 - P_f32| <= 5e-2 (absolute).
+constexpr double kBf16Tol = 1e-2;
+constexpr double kBf16ProbsTol = 5e-2;
+
+// Whether a level computes bf16 products on bf16 activations (the instructions need them) rather
+// than widening the bf16 weights to float32.
+bool rounds_activations(const std::string& level) { return level == "avx512_bf16" || level == "amx"; }
+
+std::vector<std::string> available_levels() {
+  std::vector<std::string> levels;
+  for (const gpt2::Isa isa : gpt2::available_isas()) levels.push_back(gpt2::isa_name(isa));
+  return levels;
+}
+
+// At every level: float32 files of the f32 shapes; Y within kBf16Tol of the f32 run at the same
+// level and not equal to it (the weights really were rounded); P rows are causal and sum to 1,
+// within kBf16ProbsTol of f32's. Where the weights are widened (generic, avx2, avx512), Y and P are
+// the float32 sublayer on the bf16-rounded weights, within the float tolerance; where activations
+// are rounded too (avx512_bf16, amx) they are not.
+TEST_F(CliTest, RunBf16IsCloseToFloat32AndReallyBf16) {
+  RowMatrix<float> probs_rounded;
+  const RowMatrix<double> y_rounded =
+      bf16_weights(layer0).forward<float>(x, kHeads, &probs_rounded).cast<double>();
+  for (const std::string& level : available_levels()) {
+    SCOPED_TRACE("GPT2_ATTENTION_ISA=" + level);
+    const std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "x.npy",
+                                           "--n-head", "4"};
+    std::vector<std::string> f32 = args, bf16 = args;
+    f32.insert(f32.end(), {"--output", "y.npy", "--probs", "p.npy"});
+    bf16.insert(bf16.end(), {"--output", "yb.npy", "--probs", "pb.npy", "--dtype", "bf16"});
+    EXPECT_SUCCESS(cli_at(level, f32));
+    EXPECT_SUCCESS(cli_at(level, bf16));
+    const RowMatrix<double> y = read_matrix_as_double(file("y.npy"), "f32", {kT, kC});
+    const RowMatrix<double> yb = read_matrix_as_double(file("yb.npy"), "f32", {kT, kC});
+    const RowMatrix<double> p = read_matrix_as_double(file("p.npy"), "f32", {kHeads, kT, kT});
+    const RowMatrix<double> pb = read_matrix_as_double(file("pb.npy"), "f32", {kHeads, kT, kT});
+    ASSERT_EQ(yb.rows(), kT);
+    ASSERT_EQ(pb.rows(), kHeads * kT);
+    const double err = relative_max_error(yb, y);
+    std::printf("(--dtype bf16 at %s: max |Y - Y_f32| / max |Y_f32| = %.2e, max |P - P_f32| = %.2e)\n",
+                level.c_str(), err, (pb - p).cwiseAbs().maxCoeff());
+    EXPECT_LE(err, kBf16Tol);
+    EXPECT_NE(read_text(file("yb.npy")), read_text(file("y.npy"))) << "bf16 gave the f32 bytes";
+    EXPECT_LE((pb - p).cwiseAbs().maxCoeff(), kBf16ProbsTol);
+    for (Index row = 0; row < pb.rows(); ++row) {
+      EXPECT_NEAR(pb.row(row).sum(), 1.0, 1e-5) << "row " << row;
+      for (Index s = row % kT + 1; s < kT; ++s) EXPECT_EQ(pb(row, s), 0.0) << "row " << row << " key " << s;
+    }
+    if (rounds_activations(level)) {
+      EXPECT_FALSE(gpt2::test::near(yb, y_rounded, kFloatTol)) << "the activations were not rounded";
+    } else {
+      EXPECT_TRUE(gpt2::test::near(yb, y_rounded, kFloatTol));
+      EXPECT_TRUE(gpt2::test::near(pb, probs_rounded.cast<double>(), kFloatTol));
+    }
+  }
+}
+
+// The same with a float64 input (converted to float32, as f32 does) and on an empty sequence.
+TEST_F(CliTest, RunBf16ReadsFloat64AndEmptyInputs) {
+  gpt2::npy::write<double>(file("x64.npy"), RowMatrix<double>(x.cast<double>()));
+  EXPECT_SUCCESS(run_default({"--dtype", "bf16", "--probs", "p.npy"}));
+  const std::string y = read_text(file("y.npy")), p = read_text(file("p.npy"));
+  EXPECT_SUCCESS(cli({"run", "--weights", "w.safetensors", "--input", "x64.npy", "--output", "y.npy",
+                      "--n-head", "4", "--dtype", "bf16", "--probs", "p.npy"}));
+  EXPECT_EQ(read_text(file("y.npy")), y);
+  EXPECT_EQ(read_text(file("p.npy")), p);
+
+  gpt2::npy::write<float>(file("x0.npy"), RowMatrix<float>(0, kC));
+  EXPECT_SUCCESS(cli({"run", "--weights", "w.safetensors", "--input", "x0.npy", "--output", "y.npy",
+                      "--n-head", "4", "--dtype", "bf16", "--probs", "p.npy", "--prefill", "2"}));
+  EXPECT_TRUE(read_npy<float>(file("y.npy"), {0, kC}).empty());
+  EXPECT_TRUE(read_npy<float>(file("p.npy"), {kHeads, 0, 0}).empty());
+}
+
+// run --dtype bf16 --prefill N against run --dtype bf16, at every level: the same bytes (Y and P)
+// at every level but generic, whose projections agree only to float rounding (as in f32, see
+// row_exact_cli), and for N >= T (one chunk) always.
+TEST_F(CliTest, RunBf16PrefillMatchesThePlainRun) {
+  for (const std::string& level : available_levels()) {
+    const std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "x.npy",
+                                           "--n-head", "4", "--dtype", "bf16"};
+    std::vector<std::string> plain = args;
+    plain.insert(plain.end(), {"--output", "y.npy", "--probs", "p.npy"});
+    ASSERT_EQ(cli_at(level, plain).status, 0);
+    const RowMatrix<double> y = read_matrix_as_double(file("y.npy"), "f32", {kT, kC});
+    const RowMatrix<double> p = read_matrix_as_double(file("p.npy"), "f32", {kHeads, kT, kT});
+    for (const Index n : {Index{0}, Index{1}, Index{4}, kT - 1, kT, kT + 5}) {
+      SCOPED_TRACE("GPT2_ATTENTION_ISA=" + level + " --dtype bf16 --prefill " + std::to_string(n));
+      std::vector<std::string> prefill = args;
+      prefill.insert(prefill.end(), {"--output", "yc.npy", "--probs", "pc.npy", "--prefill", std::to_string(n)});
+      EXPECT_SUCCESS(cli_at(level, prefill));
+      if (n >= kT || level != "generic") {
+        EXPECT_EQ(read_text(file("yc.npy")), read_text(file("y.npy")));
+        EXPECT_EQ(read_text(file("pc.npy")), read_text(file("p.npy")));
+      } else {
+        EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("yc.npy"), "f32", {kT, kC}), y, kFloatTol));
+        EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("pc.npy"), "f32", {kHeads, kT, kT}), p, kFloatTol));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // run on a padded batch X [B, T, C]
 // ---------------------------------------------------------------------------------------------
 
@@ -1027,6 +1171,72 @@ TEST_F(CliBatchTest, SharePrefixErrorsNameTheSequenceAndTheRow) {
   EXPECT_EQ(dir.list(), expected);
 }
 
+// A padded batch with --dtype bf16, at every level: Y [B, T, C] and P [B, n_head, T, T] float32,
+// within kBf16Tol (kBf16ProbsTol) of the f32 batch and not its bytes, padded rows 0; --prefill N
+// (the batched decode) and --share-prefix N (the paged cache, with and without --prefill) give
+// the bytes of the plain bf16 run at every level but generic (there: within the float tolerance,
+// as in f32); P is computed the same way in all of them (the same bytes).
+TEST_F(CliBatchTest, Bf16PrefillAndSharePrefixGiveThePlainBf16Run) {
+  const std::vector<Index> starts = {0, 1, 2}, lengths = {7, 6, 4};
+  const Index n_shared = 4;
+  RowMatrix<float> shared = xb;
+  for (Index b = 1; b < kB; ++b)
+    shared.middleRows(b * kTb + starts[static_cast<std::size_t>(b)], n_shared) = xb.topRows(n_shared);
+  write_batch("xs.npy", shared);
+  const std::vector<std::string> layout = {"--starts", csv(starts), "--lengths", csv(lengths)};
+  const auto batch = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "xs.npy",
+                                     "--output", "yb.npy", "--probs", "pb.npy", "--n-head", "4"};
+    args.insert(args.end(), layout.begin(), layout.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  for (const std::string& level : available_levels()) {
+    ASSERT_EQ(cli_at(level, batch({})).status, 0);
+    const RowMatrix<double> y32 = read_matrix_as_double(file("yb.npy"), "f32", {kB, kTb, kC});
+    const RowMatrix<double> p32 = read_matrix_as_double(file("pb.npy"), "f32", {kB, kHeads, kTb, kTb});
+    const std::string y32_bytes = read_text(file("yb.npy"));
+    ASSERT_EQ(cli_at(level, batch({"--dtype", "bf16"})).status, 0);
+    const std::string y = read_text(file("yb.npy")), p = read_text(file("pb.npy"));
+    const RowMatrix<double> y_plain = read_matrix_as_double(file("yb.npy"), "f32", {kB, kTb, kC});
+    const RowMatrix<double> p_plain = read_matrix_as_double(file("pb.npy"), "f32", {kB, kHeads, kTb, kTb});
+    {
+      SCOPED_TRACE("GPT2_ATTENTION_ISA=" + level + " --dtype bf16 against f32");
+      EXPECT_LE(relative_max_error(y_plain, y32), kBf16Tol);
+      EXPECT_NE(y, y32_bytes);
+      ASSERT_EQ(p_plain.rows(), p32.rows());
+      EXPECT_LE((p_plain - p32).cwiseAbs().maxCoeff(), kBf16ProbsTol);
+      for (const Index row : padded_rows(starts, lengths))
+        EXPECT_TRUE((y_plain.row(row).array() == 0.0).all()) << "row " << row;
+    }
+    std::vector<std::vector<std::string>> variants;
+    for (const Index n : {Index{0}, Index{1}, Index{3}, kTb - 1, kTb})
+      variants.push_back({"--prefill", std::to_string(n)});
+    for (const std::string prefill : {"", "0", "2", "5"}) {
+      std::vector<std::string> v = {"--share-prefix", std::to_string(n_shared)};
+      if (!prefill.empty()) v.insert(v.end(), {"--prefill", prefill});
+      variants.push_back(v);
+    }
+    for (const std::vector<std::string>& v : variants) {
+      std::string flags;
+      for (const std::string& f : v) flags += " " + f;
+      SCOPED_TRACE("GPT2_ATTENTION_ISA=" + level + " --dtype bf16" + flags);
+      std::vector<std::string> extra = {"--dtype", "bf16"};
+      extra.insert(extra.end(), v.begin(), v.end());
+      EXPECT_SUCCESS(cli_at(level, batch(extra)));
+      EXPECT_EQ(read_text(file("pb.npy")), p);
+      if (level != "generic") {
+        EXPECT_EQ(read_text(file("yb.npy")), y);
+      } else {
+        const RowMatrix<double> y_other = read_matrix_as_double(file("yb.npy"), "f32", {kB, kTb, kC});
+        EXPECT_TRUE(gpt2::test::near(y_other, y_plain, kFloatTol));
+        for (const Index row : padded_rows(starts, lengths))
+          EXPECT_TRUE((y_other.row(row).array() == 0.0).all()) << "row " << row;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // run --tensor-parallel (under mpiexec, in a build with MPI)
 // ---------------------------------------------------------------------------------------------
@@ -1142,7 +1352,9 @@ TEST_F(CliTest, HelpPrintsUsageToStdout) {
                                    "[B, n_head, T, T]", "P is computed per sequence\n                   without the cache",
                                    "With B = 0,\n                   leave --lengths and --starts out",
                                    "B = 0 or T = 0 gives empty outputs", "fails at once (out of memory)",
-                                   "--png FILE.png", "--png-scale linear|sqrt", "keys after the query grey"})
+                                   "--png FILE.png", "--png-scale linear|sqrt", "keys after the query grey",
+                                   "[--dtype f32|f64|bf16]", "[--dtype f32|bf16]", "--dtype f32|f64|bf16  ",
+                                   "', weights: bf16'"})
       EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
     EXPECT_EQ(r.err, "");
   }
@@ -1175,9 +1387,12 @@ TEST_F(CliTest, AnUnknownOrUnavailableLevelIsAnErrorForEveryCommand) {
   std::string available;
   for (const gpt2::Isa isa : gpt2::available_isas())
     available += (available.empty() ? "" : ", ") + std::string(gpt2::isa_name(isa));
+  std::string every;
+  for (const gpt2::Isa isa : gpt2::kAllIsas)
+    every += (every.empty() ? "" : ", ") + std::string(gpt2::isa_name(isa));
+  EXPECT_EQ(every, "generic, avx2, avx512, avx512_bf16, amx");
   const std::string unknown = "gpt2-attention: GPT2_ATTENTION_ISA: unknown kernel level 'avx9' "
-                              "(expected one of generic, avx2, avx512; available here: " +
-                              available + ")\n";
+                              "(expected one of " + every + "; available here: " + available + ")\n";
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{{"--version"}, {"demo", "--tokens", "8"},
                                              {"run", "--weights", "w.safetensors", "--input",
@@ -1211,6 +1426,21 @@ TEST_F(CliTest, DemoPrintsTheKernelLevelBesideItsTiming) {
     EXPECT_NE(r.out.find(std::string("GFLOP/s, kernels: ") + gpt2::isa_name(isa) + "\n"),
               std::string::npos)
         << r.out;
+  }
+}
+
+// demo --dtype bf16 at every level: the timing line names the level and the weights' dtype; with
+// --dtype f32 (the default spelled out) it is the float32 line, without it.
+TEST_F(CliTest, DemoBf16ReportsItsWeightDtype) {
+  for (const std::string& level : available_levels()) {
+    SCOPED_TRACE("GPT2_ATTENTION_ISA=" + level);
+    const CliResult r = cli_at(level, {"demo", "--tokens", "8", "--dtype", "bf16"});
+    EXPECT_SUCCESS(r);
+    EXPECT_NE(r.out.find("GFLOP/s, kernels: " + level + ", weights: bf16\n"), std::string::npos) << r.out;
+    const CliResult f32 = cli_at(level, {"demo", "--tokens", "8", "--dtype", "f32"});
+    EXPECT_SUCCESS(f32);
+    EXPECT_NE(f32.out.find("GFLOP/s, kernels: " + level + "\n"), std::string::npos) << f32.out;
+    EXPECT_EQ(f32.out.find("weights:"), std::string::npos) << f32.out;
   }
 }
 
@@ -1283,7 +1513,12 @@ std::vector<BadCase> bad_cases() {
       {run({{"--layer", "-1"}}), 2, {"--layer", "-1"}},
       {run({{"--n-head", "0"}}), 2, {"--n-head", "0"}},
       {run({{"--n-head", "2.5"}}), 2, {"--n-head", "2.5"}},
-      {run({{"--dtype", "f16"}}), 2, {"--dtype", "f16"}},
+      {run({{"--dtype", "f16"}}), 2, {"--dtype: expected f32, f64 or bf16, got 'f16'"}},
+      {run({{"--dtype", "BF16"}}), 2, {"--dtype: expected f32, f64 or bf16, got 'BF16'"}},
+      {run({{"--dtype", "bf16"}, {"--tensor-parallel", "<none>"}}), 2,
+       {"--dtype bf16: not available with --tensor-parallel"}},
+      {{"demo", "--dtype", "f64"}, 2, {"--dtype: expected f32 or bf16 (demo computes in float32), got 'f64'"}},
+      {{"demo", "--dtype", "bf"}, 2, {"--dtype", "f32 or bf16", "'bf'"}},
       {{"run", "stray", "--weights", "w.safetensors"}, 2, {"unexpected argument", "stray"}},
       {run({{"--probs", "Y.npy"}}), 2, {"--output", "--probs", "same file"}},
       {run({{"--probs", "./Y.npy"}}), 2, {"--output 'Y.npy' and --probs './Y.npy' name the same file"}},
@@ -1308,6 +1543,14 @@ std::vector<BadCase> bad_cases() {
       {{"demo", "--bogus", "1"}, 2, {"unknown flag", "--bogus"}},
       // The data are wrong: 1.
       {run({{"--n-head", "3"}}), 1, {"n_head", "divisor", "64", "3"}},
+      {run({{"--n-head", "3"}, {"--dtype", "bf16"}}), 1, {"n_head", "divisor", "64", "3"}},
+      {run({{"--input", "x60.npy"}, {"--dtype", "bf16"}, {"--probs", "P.npy"}}), 1,
+       {"input", "x60.npy", "expected shape [T, 64], got [5, 60]"}},
+      {run({{"--input", "x3.npy"}, {"--dtype", "bf16"}, {"--lengths", "3,4"}, {"--prefill", "1"}}), 1,
+       {"--lengths", "[0, 3]", "got 4"}},
+      {run({{"--output", "adir"}, {"--dtype", "bf16"}, {"--probs", "P.npy"}}), 1,
+       {"output adir: not a regular file (it is a directory)"}},
+      {{"demo", "--dtype", "bf16", "--n-head", "5"}, 1, {"n_head", "768", "5"}},
       {run({{"--weights", "nope.safetensors"}}), 1, {"weights", "nope.safetensors", "No such file"}},
       {run({{"--weights", "garbage.safetensors"}}), 1, {"weights", "garbage.safetensors"}},
       {run({{"--weights", "partial.safetensors"}}), 1, {"partial.safetensors", "c_proj.bias"}},
@@ -1591,6 +1834,17 @@ TEST_F(CliTest, DemoEmbeddedHeadsDoTheirDesignedJobs) {
   EXPECT_NE(r.out.find("FLOP = 2*T*C*3C + 2*T*C*C + 2*2*n_head*head_dim*T*(T+1)/2"), std::string::npos);
 }
 
+// With bf16 weights the embedded heads still do their designed jobs, and the table differs from
+// the float32 one only in the statistics' last digits, if at all.
+TEST_F(CliTest, DemoEmbeddedBf16HeadsDoTheirDesignedJobs) {
+  const CliResult r = cli({"demo", "--dtype", "bf16"});
+  EXPECT_SUCCESS(r);
+  const std::vector<HeadRow> rows = head_rows(r.out);
+  ASSERT_EQ(rows.size(), 12u) << r.out;
+  for (const HeadRow& row : rows) EXPECT_EQ(row.job, row.designed) << r.out;
+  EXPECT_NE(r.out.find(", weights: bf16\n"), std::string::npos) << r.out;
+}
+
 TEST_F(CliTest, DemoEmbeddedHoldsItsJobsOverLongerSequences) {
   const CliResult r = cli({"demo", "--tokens=256"});
   EXPECT_SUCCESS(r);
@@ -1618,6 +1872,13 @@ TEST_F(CliTest, DemoOnACheckpoint) {
     const std::vector<HeadRow> rows = head_rows(r.out);
     ASSERT_EQ(rows.size(), 4u) << r.out;
     for (const HeadRow& row : rows) EXPECT_EQ(row.designed, "") << "a checkpoint has no designed jobs";
+  }
+  {  // bf16 weights: the same heads, the weight dtype reported
+    const CliResult r = cli({"demo", "--weights", "demo.safetensors", "--tokens", "16", "--n-head", "4",
+                             "--dtype", "bf16"});
+    EXPECT_SUCCESS(r);
+    EXPECT_EQ(head_rows(r.out).size(), 4u) << r.out;
+    EXPECT_NE(r.out.find(", weights: bf16\n"), std::string::npos) << r.out;
   }
   const CliResult too_long = cli({"demo", "--weights", "demo.safetensors", "--tokens", "33", "--n-head", "4"});
   EXPECT_EQ(too_long.status, 1);
@@ -1839,6 +2100,24 @@ TEST_F(CliTest, RealGpt2Layer0) {
   EXPECT_TRUE(gpt2::test::near(y, gpt2::attention(loaded.weights(), x), kFloatTol));
 }
 
+// ln_1(wpe[:T]) + a little noise [T, 768] from the real checkpoint: positions and content.
+RowMatrix<float> real_layer0_input(const char* weights, Index T) {
+  constexpr Index C = 768;
+  const gpt2::safetensors::File checkpoint = gpt2::safetensors::File::open(weights);
+  const std::vector<float> wpe = checkpoint.to_vector<float>("wpe.weight");
+  const std::vector<float> ln_w = checkpoint.to_vector<float>("h.0.ln_1.weight");
+  const std::vector<float> ln_b = checkpoint.to_vector<float>("h.0.ln_1.bias");
+  RowMatrix<float> x(T, C);
+  gpt2::layer_norm<float>(gpt2::ConstMatrixMap<float>(wpe.data(), T, C),
+                          gpt2::ConstVectorMap<float>(ln_w.data(), C),
+                          gpt2::ConstVectorMap<float>(ln_b.data(), C), 1e-5f, x);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> noise(0.0f, 0.3f);
+  for (Index i = 0; i < T; ++i)
+    for (Index j = 0; j < C; ++j) x(i, j) += noise(rng);
+  return x;
+}
+
 // On the real layer 0: `run --prefill N` (a prompt of N tokens, then one token at a time through
 // the KV cache) writes the bytes a plain run writes, for every N, also for a padded batch
 // (--lengths with --prefill): the decode is bitwise the prefill.
@@ -1849,18 +2128,7 @@ TEST_F(CliTest, RealGpt2Layer0PrefillIsByteIdentical) {
   if (!row_exact_cli("f32"))
     GTEST_SKIP() << "skipped: the CPU has no avx2 (the generic level's projections are not row-exact)";
   constexpr Index T = 100, C = 768;
-  const gpt2::safetensors::File checkpoint = gpt2::safetensors::File::open(weights);
-  const std::vector<float> wpe = checkpoint.to_vector<float>("wpe.weight");
-  const std::vector<float> ln_w = checkpoint.to_vector<float>("h.0.ln_1.weight");
-  const std::vector<float> ln_b = checkpoint.to_vector<float>("h.0.ln_1.bias");
-  RowMatrix<float> x(T, C);  // ln_1(wpe[:T] + a little noise): positions and content
-  gpt2::layer_norm<float>(gpt2::ConstMatrixMap<float>(wpe.data(), T, C),
-                          gpt2::ConstVectorMap<float>(ln_w.data(), C),
-                          gpt2::ConstVectorMap<float>(ln_b.data(), C), 1e-5f, x);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> noise(0.0f, 0.3f);
-  for (Index i = 0; i < T; ++i)
-    for (Index j = 0; j < C; ++j) x(i, j) += noise(rng);
+  const RowMatrix<float> x = real_layer0_input(weights, T);
   gpt2::npy::write<float>(file("xr.npy"), x);
   ASSERT_EQ(cli({"run", "--weights", weights, "--input", "xr.npy", "--output", "yr.npy"}).status, 0);
   const std::string plain = read_text(file("yr.npy"));
@@ -1887,6 +2155,82 @@ TEST_F(CliTest, RealGpt2Layer0PrefillIsByteIdentical) {
     args.insert(args.end(), {"--output", "yrbp.npy", "--prefill", std::to_string(n)});
     EXPECT_SUCCESS(cli(args));
     EXPECT_EQ(read_text(file("yrbp.npy")), plain_batch);
+  }
+}
+
+// On the real layer 0 with --dtype bf16, at every level: Y within kBf16Tol of the f32 run and not
+// its bytes, P within kBf16ProbsTol; --prefill N, a padded batch with --lengths and --prefill, and
+// --share-prefix give the plain bf16 run's bytes at every level but generic (there: within the
+// float tolerance).
+// The float tolerance of the generic level's one-row products against its chunked ones on the
+// real layer (C = 768: longer dot products than the synthetic C = 64 of kFloatTol). Measured max
+// |diff| / max |plain| for --prefill 0, 1, 64: 1.9e-6 in f32, 1.1e-6 in bf16.
+constexpr double kFloatTolReal = 4e-6;
+
+TEST_F(CliTest, RealGpt2Layer0Bf16) {
+  const char* weights = std::getenv("GPT2_SMALL_WEIGHTS");
+  if (weights == nullptr || *weights == '\0')
+    GTEST_SKIP() << "GPT2_SMALL_WEIGHTS not set: skipping the real GPT-2 weights test";
+  constexpr Index T = 100, C = 768;
+  const RowMatrix<float> x = real_layer0_input(weights, T);
+  gpt2::npy::write<float>(file("xr.npy"), x);
+  // a padded batch [2, T, C]: both sequences start with x's rows; sequence 0 all T rows,
+  // sequence 1 rows 0 .. 69 (right padding)
+  std::vector<float> xb(2 * T * C, 0.0f);
+  for (Index i = 0; i < T; ++i)
+    for (Index j = 0; j < C; ++j) xb[i * C + j] = xb[(T + i) * C + j] = x(i, j);
+  gpt2::npy::write<float>(file("xrb.npy"), xb.data(), {2, T, C});
+  const std::vector<std::string> single = {"run", "--weights", weights, "--input", "xr.npy"};
+  const std::vector<std::string> batch = {"run", "--weights", weights, "--input", "xrb.npy",
+                                          "--lengths", "100,70"};
+  const auto with = [](std::vector<std::string> args, const std::vector<std::string>& extra) {
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  for (const std::string& level : available_levels()) {
+    SCOPED_TRACE("GPT2_ATTENTION_ISA=" + level);
+    ASSERT_EQ(cli_at(level, with(single, {"--output", "y32.npy", "--probs", "p32.npy"})).status, 0);
+    ASSERT_EQ(cli_at(level, with(single, {"--output", "yb.npy", "--probs", "pb.npy", "--dtype", "bf16"})).status, 0);
+    const RowMatrix<double> y32 = read_matrix_as_double(file("y32.npy"), "f32", {T, C});
+    const RowMatrix<double> yb = read_matrix_as_double(file("yb.npy"), "f32", {T, C});
+    const RowMatrix<double> p32 = read_matrix_as_double(file("p32.npy"), "f32", {12, T, T});
+    const RowMatrix<double> pb = read_matrix_as_double(file("pb.npy"), "f32", {12, T, T});
+    ASSERT_EQ(pb.rows(), p32.rows());
+    const double err = relative_max_error(yb, y32), p_err = (pb - p32).cwiseAbs().maxCoeff();
+    std::printf("(GPT-2 small layer 0, T = 100, --dtype bf16 at %s: max |Y - Y_f32| / max |Y_f32| = "
+                "%.2e, max |P - P_f32| = %.2e)\n", level.c_str(), err, p_err);
+    EXPECT_LE(err, kBf16Tol);
+    EXPECT_LE(p_err, kBf16ProbsTol);
+    EXPECT_NE(read_text(file("yb.npy")), read_text(file("y32.npy")));
+
+    const std::string plain = read_text(file("yb.npy")), plain_p = read_text(file("pb.npy"));
+    for (const Index n : {Index{0}, Index{1}, Index{64}, Index{65}, T - 1}) {
+      SCOPED_TRACE("--dtype bf16 --prefill " + std::to_string(n));
+      EXPECT_SUCCESS(cli_at(level, with(single, {"--output", "yp.npy", "--probs", "pp.npy", "--dtype",
+                                                 "bf16", "--prefill", std::to_string(n)})));
+      if (level != "generic") {
+        EXPECT_EQ(read_text(file("yp.npy")), plain);
+        EXPECT_EQ(read_text(file("pp.npy")), plain_p);
+      } else {
+        EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("yp.npy"), "f32", {T, C}), yb, kFloatTolReal));
+      }
+    }
+    ASSERT_EQ(cli_at(level, with(batch, {"--output", "yrb.npy", "--dtype", "bf16"})).status, 0);
+    const std::string plain_batch = read_text(file("yrb.npy"));
+    const RowMatrix<double> y_batch = read_matrix_as_double(file("yrb.npy"), "f32", {2, T, C});
+    for (const std::vector<std::string>& v : std::vector<std::vector<std::string>>{
+             {"--prefill", "1"}, {"--prefill", "70"}, {"--share-prefix", "50"},
+             {"--share-prefix", "50", "--prefill", "20"}}) {
+      SCOPED_TRACE("batch --dtype bf16 " + v.front() + " " + v[1] + (v.size() > 2 ? " --prefill 20" : ""));
+      std::vector<std::string> extra = {"--output", "yrbp.npy", "--dtype", "bf16"};
+      extra.insert(extra.end(), v.begin(), v.end());
+      EXPECT_SUCCESS(cli_at(level, with(batch, extra)));
+      if (level != "generic") {
+        EXPECT_EQ(read_text(file("yrbp.npy")), plain_batch);
+      } else {
+        EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("yrbp.npy"), "f32", {2, T, C}), y_batch, kFloatTolReal));
+      }
+    }
   }
 }
 

@@ -610,6 +610,8 @@ void cli_rows(Table& t) {
   t.cli("a number out of range", {"demo", "--tokens", "2000"}, d);
   t.cli("a negative number", with({"--prefill", "-1"}), d);
   t.cli("an unknown dtype", with({"--dtype", "f16"}), d);
+  t.cli("bf16 with --tensor-parallel", with({"--dtype", "bf16", "--tensor-parallel"}), d);
+  t.cli("demo: an unknown dtype (no f64)", {"demo", "--dtype", "f64"}, d);
   t.cli("a malformed list", {"run", "--weights", "w.safetensors", "--input", "xb.npy", "--output",
                              "y.npy", "--lengths", "3,,1"}, d);
   t.cli("two flags naming one file", replace("--output", "w.safetensors"), d);

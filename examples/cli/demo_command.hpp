@@ -5,6 +5,8 @@
 //   --weights F:   layer L of a checkpoint on x = ln_1(wpe[:T]) [T, C] (position-only input)
 //
 // Per head: the statistics and job of head_analysis.hpp; then the median forward time and GFLOP/s.
+// --dtype bf16: everything as in float32 with c_attn.weight and c_proj.weight packed in bf16
+// (packed_weights.hpp); the timing line then names the weight dtype too.
 // --png FILE.png [--png-scale linear|sqrt]: the heads' [T, T] maps as one picture
 // (attention_picture.hpp), written (all or
 // nothing, output_files.hpp) before the report is printed: a picture that cannot be written is an
@@ -32,7 +34,7 @@
 namespace gpt2::cli {
 
 inline const std::vector<std::string> kDemoFlags = {"weights", "layer", "tokens", "n-head", "png",
-                                                    "png-scale"};
+                                                    "png-scale", "dtype"};
 
 inline constexpr Index kDemoDefaultTokens = 64;
 inline constexpr Index kDemoMaxTokens = 1024;  // GPT-2's context length
@@ -45,7 +47,18 @@ struct DemoOptions {
   Index n_head = 0;  // 0: n_embd / 64
   std::string png;   // empty: no picture
   ColourScale png_scale = ColourScale::linear;
+  WeightDtype weights_dtype = WeightDtype::float32;  // --dtype f32|bf16
 };
+
+// demo --dtype f32|bf16 (default f32): the dtype of the packed weights; the demo computes in
+// float32 (no f64). UsageError naming the accepted values for another one.
+inline WeightDtype parse_demo_dtype(const Flags& flags) {
+  const std::string dtype = flags.text_or("dtype", "f32");
+  if (dtype == "f32") return WeightDtype::float32;
+  if (dtype == "bf16") return WeightDtype::bf16;
+  throw UsageError("--dtype: expected f32 or bf16 (demo computes in float32), got '" +
+                   Flags::echoed_value(dtype) + "'");
+}
 
 inline DemoOptions parse_demo_options(const Flags& flags) {
   DemoOptions o;
@@ -56,6 +69,7 @@ inline DemoOptions parse_demo_options(const Flags& flags) {
   o.n_head = static_cast<Index>(flags.integer_or("n-head", 0, 1, 1000000));
   o.png = flags.text_or("png", "");
   o.png_scale = parse_png_scale(flags);
+  o.weights_dtype = parse_demo_dtype(flags);
   if (!o.png.empty() && !o.weights.empty())
     check_not_same_file("png", o.png, "weights", o.weights);
   return o;
@@ -193,6 +207,7 @@ struct DemoReport {
   std::vector<Job> designed;     // the embedded model's intended jobs; empty for a checkpoint
   Timing timing;
   std::string kernels;  // the kernel level the forward ran at (kernel_info().level)
+  WeightDtype weights_dtype = WeightDtype::float32;  // of the packed weights (w.weight_dtype())
 };
 
 inline void print_head_table(std::ostream& out, const DemoReport& r) {
@@ -237,10 +252,14 @@ inline void print_legend(std::ostream& out, const DemoReport& r) {
 inline void print_timing(std::ostream& out, const DemoReport& r) {
   const Index C = r.config.n_embd, n_head = r.config.n_head, hd = r.config.head_dim();
   const double flop = attention_flop(r.T, C, n_head, hd);
+  // float32 weights: no mention (the line as it always was); bf16: ", weights: bf16"
+  const std::string weights = r.weights_dtype == WeightDtype::float32
+                                  ? std::string()
+                                  : std::string(", weights: ") + dtype_name(r.weights_dtype);
   out << strprintf("forward: %.3f ms (median of %d runs after %d warm-up runs), %.2f GFLOP/s, "
-                   "kernels: %s\n",
+                   "kernels: %s%s\n",
                    r.timing.median_seconds * 1e3, r.timing.runs, r.timing.warmup,
-                   flop / r.timing.median_seconds * 1e-9, r.kernels.c_str());
+                   flop / r.timing.median_seconds * 1e-9, r.kernels.c_str(), weights.c_str());
   out << strprintf(
       "FLOP = 2*T*C*3C + 2*T*C*C + 2*2*n_head*head_dim*T*(T+1)/2 = %.4f GFLOP (T = %td, C = %td, "
       "n_head = %td, head_dim = %td)\n",
@@ -281,6 +300,7 @@ inline void demo_report(std::ostream& out, const std::string& title, const Atten
   r.designed = designed;
   r.timing = time_forward(w, x);
   r.kernels = kernel_info().level;
+  r.weights_dtype = w.weight_dtype();
   if (!png.empty()) write_demo_picture(png, probs, w.n_head(), png_scale);
   print_report(out, r);
   if (!png.empty()) out << "picture: " << png << "\n";
@@ -302,7 +322,7 @@ inline void demo_embedded(const DemoOptions& o, std::ostream& out) {
   } catch (const Error& e) {
     throw ConfigError(std::string("embedded model: ") + e.what());
   }
-  const AttentionWeights<float> w = pack_weights(model.weights(n_head));
+  const AttentionWeights<float> w = pack_weights(model.weights(n_head), o.weights_dtype);
   std::vector<Job> designed;
   if (n_head == kDemoHeads)
     for (Index h = 0; h < kDemoHeads; ++h) designed.push_back(demo_designed_job(h));
@@ -316,7 +336,7 @@ inline void demo_embedded(const DemoOptions& o, std::ostream& out) {
 inline void demo_checkpoint(const DemoOptions& o, std::ostream& out) {
   const safetensors::File file = open_weights(o.weights);
   const safetensors::LoadedAttention<float> loaded = load_layer<float>(file, o.layer, o.n_head);
-  const AttentionWeights<float> w = pack_weights(loaded.weights());
+  const AttentionWeights<float> w = pack_weights(loaded.weights(), o.weights_dtype);
   RowMatrix<float> x;
   try {
     x = position_input(file, o.layer, o.tokens, w.n_embd());

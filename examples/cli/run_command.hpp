@@ -8,6 +8,7 @@
 //                                  N: batched decode through one KV cache per sequence (batch_run.hpp)
 //                                  --share-prefix N: the common first N rows once, in a paged KV
 //                                  cache, every sequence forked from them (shared_prefix_run.hpp)
+//   --dtype f32|f64|bf16: float32, float64, or float32 with bf16 weights (packed_weights.hpp)
 //   --png FILE.png: the probabilities as a picture (attention_picture.hpp): one tile per head, or
 //                   per sequence and head for a batch (sequences stacked top to bottom)
 //
@@ -49,7 +50,14 @@ inline const std::vector<std::string> kRunSwitches = {"tensor-parallel"};
 // Whether this build can run --tensor-parallel (it was built with gpt2::mpi).
 inline constexpr bool kHasTensorParallel = GPT2_CLI_TENSOR_PARALLEL;
 
-enum class Precision { f32, f64 };
+// --dtype: what run computes in. bf16 is float32 with c_attn.weight and c_proj.weight packed in
+// bfloat16 (packed_weights.hpp): float32 .npy in and out, as f32.
+enum class Precision { f32, f64, bf16 };
+
+// The dtype the weights are packed in for precision p.
+inline WeightDtype weight_dtype(Precision p) {
+  return p == Precision::bf16 ? WeightDtype::bf16 : WeightDtype::float32;
+}
 
 // What `run` was asked to do, checked as far as the command line alone allows.
 struct RunOptions {
@@ -66,12 +74,13 @@ struct RunOptions {
   std::optional<Index> share_prefix;  // --share-prefix N: a batch's common first N rows, once
 };
 
-// --dtype f32|f64 (default f32).
+// --dtype f32|f64|bf16 (default f32); UsageError naming the accepted values for another one.
 inline Precision parse_precision(const Flags& flags) {
   const std::string dtype = flags.text_or("dtype", "f32");
   if (dtype == "f32") return Precision::f32;
   if (dtype == "f64") return Precision::f64;
-  throw UsageError("--dtype: expected f32 or f64, got '" + dtype + "'");
+  if (dtype == "bf16") return Precision::bf16;
+  throw UsageError("--dtype: expected f32, f64 or bf16, got '" + Flags::echoed_value(dtype) + "'");
 }
 
 // --png-scale linear|sqrt (default linear); UsageError for another value or without --png.
@@ -131,6 +140,9 @@ inline RunOptions parse_run_options(const Flags& flags) {
     o.share_prefix = static_cast<Index>(flags.integer_or("share-prefix", 0, 0, Flags::kNoMax));
   if (o.share_prefix && o.tensor_parallel)
     throw UsageError("--share-prefix: not available with --tensor-parallel");
+  if (o.precision == Precision::bf16 && o.tensor_parallel)
+    throw UsageError("--dtype bf16: not available with --tensor-parallel (the shards' weights are "
+                     "float32 only)");
   if (o.tensor_parallel && !kHasTensorParallel)
     throw UsageError("--tensor-parallel: this gpt2-attention was built without MPI "
                      "(configure with GPT2_ATTENTION_MPI=ON; Debian: libopenmpi-dev, openmpi-bin)");
@@ -226,13 +238,14 @@ void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
   }
 }
 
-// Loads, reads and computes everything `o` asks for, in precision T, in this process. Writes
+// Loads, reads and computes everything `o` asks for, in precision T (float for f32 and bf16, with
+// the weights packed in weight_dtype(o.precision); double for f64), in this process. Writes
 // nothing.
 template <class T>
 RunResult<T> compute_run(const RunOptions& o) {
   const safetensors::File file = open_weights(o.weights);
   const safetensors::LoadedAttention<T> loaded = load_layer<T>(file, o.layer, o.n_head);
-  const AttentionWeights<T> w = packed_for_kernels(loaded.weights());
+  const AttentionWeights<T> w = packed_for_kernels(loaded.weights(), weight_dtype(o.precision));
   const RunInput<T> input = read_input<T>(o.input, w.n_embd());
   const std::optional<BatchLayout> layout = input_layout(input.shape, o.starts, o.lengths);
   if (o.share_prefix) check_share_prefix_shape(input.shape, *o.share_prefix);
@@ -283,10 +296,10 @@ inline int run_command(const Flags& flags) {
 #if GPT2_CLI_TENSOR_PARALLEL
   if (o.tensor_parallel) return run_tensor_parallel(o);
 #endif
-  if (o.precision == Precision::f32)
-    run_in_precision<float>(o);
-  else
+  if (o.precision == Precision::f64)
     run_in_precision<double>(o);
+  else  // f32, bf16: float32 files, the weights packed in weight_dtype(o.precision)
+    run_in_precision<float>(o);
   return 0;
 }
 
