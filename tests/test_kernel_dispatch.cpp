@@ -86,8 +86,9 @@ TEST(KernelDispatch, SetIsaForcesEveryAvailableLevelAndKernelInfoSaysSo) {
     EXPECT_EQ(info.cpu, gpt2::kernels::cpu_features().names());
     EXPECT_EQ(info.summary(), info.level + "; cpu: " + info.cpu);
     EXPECT_EQ(gpt2::kernels::float_kernels() == nullptr, isa == Isa::generic);
-    if (isa != Isa::generic) {
-      EXPECT_EQ(gpt2::kernels::float_kernels()->isa, isa);
+    if (isa != Isa::generic) {  // avx512_bf16 and amx run avx512's float32 kernels
+      EXPECT_EQ(gpt2::kernels::float_kernels()->isa, gpt2::float_level(isa));
+      EXPECT_NE(gpt2::kernels::bf16_gemm(isa), nullptr);
     }
     gpt2::set_isa(std::string(gpt2::isa_name(isa)));  // by name
     EXPECT_EQ(gpt2::active_isa(), isa);
@@ -267,3 +268,30 @@ TEST(KernelLevels, ForwardsAgreeAcrossLevels) {
 }
 
 }  // namespace
+
+// kernel_info().unavailable names exactly the levels this machine cannot run (with the reason for
+// amx when the OS refused the tile data), and the bf16 levels exist only where the CPU has them.
+TEST(KernelDispatchBf16, UnavailableLevelsAreNamedWithTheirReason) {
+  const gpt2::KernelInfo info = gpt2::kernel_info();
+  const gpt2::kernels::CpuFeatures& f = gpt2::kernels::cpu_features();
+  for (const Isa isa : gpt2::kAllIsas) {
+    const bool listed = info.unavailable.find(gpt2::isa_missing(isa).empty() ? std::string("\x01")
+                                                                              : gpt2::isa_missing(isa)) !=
+                        std::string::npos;
+    EXPECT_EQ(listed, !gpt2::isa_supported(isa)) << gpt2::isa_name(isa) << ": " << info.unavailable;
+  }
+  if (!f.avx512_bf16) {
+    EXPECT_FALSE(gpt2::isa_supported(Isa::avx512_bf16));
+  }
+  if (!f.amx_bf16 || !f.amx_tile) {
+    EXPECT_FALSE(gpt2::isa_supported(Isa::amx));
+  }
+  if (gpt2::isa_supported(Isa::amx)) {
+    EXPECT_TRUE(gpt2::kernels::amx_permission().granted);
+    EXPECT_TRUE(gpt2::kernels::amx_permission().reason.empty());
+    EXPECT_TRUE(gpt2::isa_supported(Isa::avx512_bf16)) << "amx implies avx512_bf16";
+  } else if (f.amx_bf16 && f.amx_tile) {
+    EXPECT_NE(gpt2::isa_missing(Isa::amx).find("arch_prctl"), std::string::npos)
+        << "an AMX CPU whose tile data the kernel refused must say so: " << gpt2::isa_missing(Isa::amx);
+  }
+}
