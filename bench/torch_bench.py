@@ -26,6 +26,7 @@ OpenBLAS, and serial OpenBLAS leaves the projections on one thread. --blas DIR l
 libblas.so.3 in DIR instead; the JSON context lists the libraries that were actually loaded.
 
     /usr/bin/python3 bench/torch_bench.py --tuned --out torch.json
+    /usr/bin/python3 bench/torch_bench.py --tuned --dtype bf16 --filter 'prefill_bf16/T:64/'   # bf16
     /usr/bin/python3 bench/torch_bench.py --check          # each variant against a float64 reference
     /usr/bin/python3 bench/torch_bench.py --export-onnx bench/ort   # models for bench/ort/ort_bench.mjs
 """
@@ -213,7 +214,7 @@ def past_kv(past, dtype=torch.float32, seed=3):
 
 def make(w, name, variant, dtype=torch.float32):
     """(callable, input) for a benchmark name such as prefill/T:64 or decode/past:127."""
-    kind, n = re.match(r"(prefill|decode)/(?:T|past):(\d+)", name).groups()
+    kind, n = re.match(r"(prefill|decode)(?:_bf16)?/(?:T|past):(\d+)", name).groups()
     n = int(n)
     if kind == "prefill":
         return Prefill(w, variant), inputs(n, dtype)
@@ -354,14 +355,14 @@ def export_onnx(directory):
 
 # ---------------------------------------------------------------------------------------------
 
-def names(quick):
+def names(quick, suffix=""):
     ts = [64, 1024] if quick else PREFILL_T
     pasts = [1023] if quick else DECODE_PAST
     for n in THREADS:
         for T in ts:
-            yield f"prefill/T:{T}/threads:{n}"
+            yield f"prefill{suffix}/T:{T}/threads:{n}"
         for p in pasts:
-            yield f"decode/past:{p}/threads:{n}"
+            yield f"decode{suffix}/past:{p}/threads:{n}"
 
 
 def main():
@@ -379,6 +380,9 @@ def main():
     ap.add_argument("--out", help="write the JSON here instead of stdout")
     ap.add_argument("--check", action="store_true", help="check each variant against a float64 reference")
     ap.add_argument("--export-onnx", metavar="DIR", help="write prefill.onnx and decode.onnx to DIR")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                    help="bf16: weights, input and every op in torch.bfloat16 (model.to(torch.bfloat16) "
+                         "on CPU); the names become prefill_bf16/..., decode_bf16/... (gpt2_bench's)")
     args = ap.parse_args()
 
     want = dict(TUNED_ENV) if args.tuned else {}
@@ -403,17 +407,18 @@ def main():
         args.min_time, args.min_reps = min(args.min_time, 0.1), min(args.min_reps, 3)
 
     torch.set_num_interop_threads(1)
-    w = Weights()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    w = Weights().to(dtype)
     results = []
     with torch.inference_mode():
-        for name in names(args.quick):
+        for name in names(args.quick, "_bf16" if args.dtype == "bf16" else ""):
             if not re.search(args.filter, name):
                 continue
             torch.set_num_threads(int(name.rsplit(":", 1)[1]))
-            kind = name.split("/")[0]
+            kind = name.split("/")[0].split("_")[0]
             per_variant = {}
             for variant in variants[kind]:
-                fn, x = make(w, name, variant)
+                fn, x = make(w, name, variant, dtype)
                 per_variant[variant] = time_calls(fn, x, args.min_time, args.min_reps)
                 del fn
             best = min(per_variant, key=lambda v: per_variant[v][0])

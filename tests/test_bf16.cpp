@@ -19,9 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "gpt2/attention.hpp"
 #include "gpt2/gemm.hpp"
 #include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kernels/pack.hpp"
+#include "support/compare.hpp"
 
 namespace {
 
@@ -301,5 +303,92 @@ INSTANTIATE_TEST_SUITE_P(Levels, Bf16Gemm,
                          [](const ::testing::TestParamInfo<Isa>& info) {
                            return std::string(gpt2::isa_name(info.param));
                          });
+
+// ---- The sublayer with bf16 weights ----------------------------------------------------------
+
+namespace forward {
+
+using gpt2::RowMatrix;
+
+struct Model {
+  RowMatrix<float> c_attn_w, c_proj_w;
+  gpt2::RowVector<float> c_attn_b, c_proj_b;
+  gpt2::AttentionConfig config{768, 12};
+  Model() {
+    c_attn_w = random_matrix(768, 3 * 768, 31) * 0.05f;
+    c_proj_w = random_matrix(768, 768, 32) * 0.05f;
+    c_attn_b = random_matrix(1, 3 * 768, 33).row(0) * 0.1f;
+    c_proj_b = random_matrix(1, 768, 34).row(0) * 0.1f;
+  }
+  gpt2::AttentionWeights<float> weights() const {
+    return {config, gpt2::view(c_attn_w), gpt2::view(c_attn_b), gpt2::view(c_proj_w), gpt2::view(c_proj_b)};
+  }
+};
+
+class Bf16Forward : public Bf16Gemm {};
+
+// Through a KVCache in chunks of 16 rows or more (prefill-sized: the AMX core at amx, the float32
+// core elsewhere) a sequence gets bitwise the rows of one forward, at every vector level; chunks
+// of single rows (decode steps) too, except at amx, where they run the float32 core (within 5e-4
+// of the AMX core's rows) and at generic (Eigen's one-row products: within rounding).
+TEST_P(Bf16Forward, ChunksGiveTheRowsOfOneForward) {
+  const Model m;
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(m.weights(), WeightDtype::bf16);
+  const Index T = 200;
+  const RowMatrix<float> x = random_matrix(T, 768, 35);
+  RowMatrix<float> whole(T, 768);
+  gpt2::Workspace<float> ws(w.config(), T);
+  gpt2::attention_forward<float>(w, x, ws, whole);
+  ASSERT_TRUE(whole.allFinite());
+  for (const std::vector<Index>& chunks : std::vector<std::vector<Index>>{{100, 100}, {17, 64, 119}, {150}}) {
+    gpt2::KVCache<float> cache(w.config(), T);
+    RowMatrix<float> out(T, 768);
+    Index pos = 0;
+    for (const Index n : chunks) {
+      if (n == 150) {  // then 50 single-row steps
+        gpt2::attention_forward<float>(w, x.topRows(n), cache, ws, out.topRows(n));
+        for (pos = n; pos < T; ++pos)
+          gpt2::attention_forward<float>(w, x.middleRows(pos, 1), cache, ws, out.middleRows(pos, 1));
+        break;
+      }
+      gpt2::attention_forward<float>(w, x.middleRows(pos, n), cache, ws, out.middleRows(pos, n));
+      pos += n;
+    }
+    const bool single_rows = chunks.size() == 1;
+    const double err = gpt2::test::max_diff(out, whole).relative();
+    if (GetParam() == Isa::generic) {
+      EXPECT_LE(err, 1e-5);
+    } else if (GetParam() == Isa::amx && single_rows) {
+      EXPECT_LE(err, 5e-4);
+      EXPECT_TRUE(out.topRows(150) == whole.topRows(150)) << "the prefill rows (one AMX tile each way)";
+    } else {
+      EXPECT_TRUE(out == whole) << "max relative difference " << err;
+    }
+  }
+}
+
+// A NaN in one input row stays in that row's output (rows after it attend to its key: NaN there
+// too, as in float32); rows before it stay finite.
+TEST_P(Bf16Forward, ANanStaysInItsRowAndTheRowsAfterIt) {
+  const Model m;
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(m.weights(), WeightDtype::bf16);
+  const Index T = 80;
+  RowMatrix<float> x = random_matrix(T, 768, 36);
+  x(50, 7) = std::numeric_limits<float>::quiet_NaN();
+  RowMatrix<float> out(T, 768);
+  gpt2::Workspace<float> ws(w.config(), T);
+  gpt2::attention_forward<float>(w, x, ws, out);
+  EXPECT_TRUE(out.topRows(50).allFinite());
+  for (Index t = 50; t < T; ++t) EXPECT_TRUE(out.row(t).array().isNaN().any()) << "row " << t;
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, Bf16Forward,
+                         ::testing::Values(Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16,
+                                           Isa::amx),
+                         [](const ::testing::TestParamInfo<Isa>& info) {
+                           return std::string(gpt2::isa_name(info.param));
+                         });
+
+}  // namespace forward
 
 }  // namespace

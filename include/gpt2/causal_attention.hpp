@@ -186,12 +186,15 @@ kernels::AttentionTile<T> tile_of(const ConstMatrixRef<T>& q, Index n_keys, Inde
 }
 
 // Runs a tile at the active level (generic: the plain C++ core; float and double). A bf16 tile
-// (bf16 weights) runs the AMX core at the amx level, when the head size fits it.
+// (bf16 weights) of at least kAmxMinRows rows runs the AMX core at the amx level, when the head
+// size fits it; shorter tiles (decode steps) run the float32 core, which is faster there (the AMX
+// core packs every key block for its 16-row tiles).
 template <class T>
 void run_tile(const kernels::AttentionTile<T>& t) {
   if constexpr (std::is_same<T, float>::value) {
 #if GPT2_KERNELS_HAVE_AMX
-    if (t.bf16 && active_isa() == Isa::amx && kernels::amx::attention_fits(t.head_dim)) {
+    if (t.bf16 && t.rows >= kernels::amx::kAmxMinRows && active_isa() == Isa::amx &&
+        kernels::amx::attention_fits(t.head_dim)) {
       kernels::amx::attention_tile_bf16(t);
       return;
     }

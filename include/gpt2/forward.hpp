@@ -123,8 +123,6 @@ bool split_decode_step(const AttentionConfig& config, const ConstMatrixRef<T>& q
                        MatrixRef<T>& merged, int n_threads) {
   const Index n_head = config.n_head, hd = config.head_dim();
   if (qkv.rows() != 1 || n_head >= n_threads) return false;
-  // bf16 products have no split form: the row runs whole, as in a prefill (the same bits)
-  if (!ws.threads.empty() && ws.threads[0].attention.bf16_products()) return false;
   const Index n_keys = keys_of(0).rows();
   const Index n_blocks = (n_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock;
   const Index chunks = std::min<Index>(n_blocks, (n_threads + n_head - 1) / n_head);

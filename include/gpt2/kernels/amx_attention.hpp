@@ -11,12 +11,15 @@
 //            p_hi = bf16(p), p_lo = bf16(p - p_hi) (p to about 16 bits, where one bf16 holds 8)
 //     l_b  = the sum of the row's p (_mm512_reduce_add_ps's order)
 //     o_b  = p_hi v_hi + p_lo v_hi + p_hi v_lo (v split alike), float32 accumulation (16 x 16
-//            tiles over keys, the products in this order)
+//            tiles over keys, the products in this order); a block with a NaN or infinite value
+//            sums (p_hi + p_lo) v over each row's visible keys in float32 instead (a tile would
+//            give 0 * NaN = NaN to the rows that do not see that key)
 //     merged into the running (m, z, l, o) as attention_tile.hpp writes it (kexp factors a, c)
 //   out = o / l
 // Every step of a row depends only on its own data and position (an AMX tile computes its rows
-// independently), so a row gets the same bits in any tile, chunk or batch: decode == prefill in
-// bf16 too. Needs head_dim a multiple of 32 (at most 256); the caller checks (dispatch falls back
+// independently), so a row gets the same bits in any tile of kAmxMinRows rows or more; tiles with
+// fewer rows (decode steps) run the float32 core instead, so at the amx level a sequence fed in
+// chunks agrees with one forward to rounding only (bitwise at the other levels). Needs head_dim a multiple of 32 (at most 256); the caller checks (dispatch falls back
 // to the float32 core otherwise).
 //
 // Scratch (attention_floats(head_dim) floats; D = head_dim), for up to 256 query rows:
@@ -39,6 +42,9 @@
 namespace gpt2::kernels::amx {
 
 inline constexpr Index kAmxTileMaxRows = 256;  // query rows of one AMX tile (4 groups of 64)
+// Tiles with fewer rows run the float32 core (causal_attention.hpp's run_tile): a decode step's one
+// row would pay for packing every key block into a 16-row tile.
+inline constexpr Index kAmxMinRows = 16;
 
 // Scratch floats the AMX core uses for head_dim D (independent of the number of keys).
 inline constexpr Index attention_floats(Index D) {
@@ -111,8 +117,17 @@ GPT2_KERNEL_AMX inline void pack_keys_bf16(const float* const* rows, Index nk, I
 }
 
 // vp, vl: the block's values split into bf16 parts, keys interleaved in pairs (rows past nk zero).
-GPT2_KERNEL_AMX inline void pack_values_bf16(const float* const* rows, Index nk, Index D,
+// Returns whether every value is finite (else the block's p v runs block_values_float: a tile
+// would multiply a masked key's p = 0 by its NaN or infinity).
+GPT2_KERNEL_AMX inline bool pack_values_bf16(const float* const* rows, Index nk, Index D,
                                              std::uint16_t* vp, std::uint16_t* vl) {
+  __mmask16 nonfinite = 0;
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  for (Index j = 0; j < nk; ++j)
+    for (Index d = 0; d < D; d += 16) {
+      const __m512i bits = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(rows[j] + d)), exponent);
+      nonfinite |= _mm512_cmpeq_epi32_mask(bits, exponent);
+    }
   alignas(64) static constexpr std::uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5,
                                                         37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42,
                                                         11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
@@ -132,6 +147,23 @@ GPT2_KERNEL_AMX inline void pack_values_bf16(const float* const* rows, Index nk,
       std::uint16_t* low = vl + r * 2 * D + 2 * d0;
       _mm512_store_si512(low, _mm512_permutex2var_epi16(el, lo_idx, fl));
       _mm512_store_si512(low + 32, _mm512_permutex2var_epi16(el, hi_idx, fl));
+    }
+  }
+  return nonfinite == 0;
+}
+
+// ob[i] = sum over the row's visible keys j of p_ij v_j in float32 (p = p_hi + p_lo), for a block
+// whose values are not all finite: masked keys are left out, so their NaN or infinity reaches
+// only the rows that see them (as in the float32 core).
+GPT2_KERNEL_AMX inline void block_values_float(const AmxTileScratch& ts, const float* const* vrow,
+                                               const Index* visible, Index group_rows, Index D) {
+  for (Index i = 0; i < group_rows; ++i) {
+    float* ob = ts.ob + i * D;
+    for (Index d = 0; d < D; d += 16) _mm512_store_ps(ob + d, _mm512_setzero_ps());
+    for (Index j = 0; j < visible[i]; ++j) {
+      const __m512 p = _mm512_set1_ps(bf16_to_float(ts.pb[i * 64 + j]) + bf16_to_float(ts.pl[i * 64 + j]));
+      for (Index d = 0; d < D; d += 16)
+        _mm512_store_ps(ob + d, _mm512_fmadd_ps(p, _mm512_loadu_ps(vrow[j] + d), _mm512_load_ps(ob + d)));
     }
   }
 }
@@ -316,7 +348,7 @@ GPT2_KERNEL_AMX inline void attention_tile_bf16(const AttentionTile<float>& t) {
     page_rows_of(t.key_pages, t.page_rows, t.key_stride, j0, nk, krow);
     page_rows_of(t.value_pages, t.page_rows, t.value_stride, j0, nk, vrow);
     pack_keys_bf16(krow, nk, D, ts.kt, ts.kl);  // once per block for every row group
-    pack_values_bf16(vrow, nk, D, ts.vp, ts.vl);
+    const bool values_finite = pack_values_bf16(vrow, nk, D, ts.vp, ts.vl);
     for (Index g0 = 0; g0 < rows; g0 += 64) {  // the row groups that see the block
       const Index group_rows = std::min<Index>(64, rows - g0);
       if (t.first_pos + g0 + group_rows - 1 < j0) continue;
@@ -328,7 +360,10 @@ GPT2_KERNEL_AMX inline void attention_tile_bf16(const AttentionTile<float>& t) {
       Index i = 0;
       for (; i + 4 <= group_rows; i += 4) rows_block_softmax<4>(ts, i, visible + i);
       for (; i < group_rows; ++i) rows_block_softmax<1>(ts, i, visible + i);
-      for (Index i16 = 0; i16 < sub_tiles; ++i16) block_values(ts, i16, D);
+      if (values_finite)
+        for (Index i16 = 0; i16 < sub_tiles; ++i16) block_values(ts, i16, D);
+      else
+        block_values_float(ts, vrow, visible, group_rows, D);
       merge_block(ts, g0, group_rows, D);
     }
   }
