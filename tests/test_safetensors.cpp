@@ -852,6 +852,29 @@ TEST(LoadAttention, F16AndBF16AreConvertedExactly) {
   }
 }
 
+// A BF16 checkpoint packed in bf16 (pack_weights(w, WeightDtype::bf16)): the packed weights hold
+// the file's own bf16 bits, exactly (the loader widens them to float32 exactly, and rounding gives
+// them back).
+TEST(LoadAttention, BF16CheckpointPacksToItsOwnBits) {
+  MemoryFile m(attention_tensors("h.0.attn.", "BF16"));
+  const auto loaded = gpt2::safetensors::load_attention<float>(m.file, 0, 2);
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(loaded.weights(), gpt2::WeightDtype::bf16);
+  ASSERT_EQ(w.weight_dtype(), gpt2::WeightDtype::bf16);
+  const auto file_bits = [&](const std::string& name) {
+    return reinterpret_cast<const std::uint16_t*>(m.file.tensor("h.0.attn." + name).data);
+  };
+  const std::uint16_t* attn = file_bits("c_attn.weight");
+  const std::uint16_t* proj = file_bits("c_proj.weight");
+  const gpt2::PackedMatrix& pa = *w.packed_c_attn_weight();
+  const gpt2::PackedMatrix& pp = *w.packed_c_proj_weight();
+  for (Eigen::Index k = 0; k < 8; ++k) {
+    for (Eigen::Index j = 0; j < 24; ++j)
+      ASSERT_EQ(pa.bf16_panels_from(0)[gpt2::kernels::bf16_packed_offset(k, j, pa.depth())], attn[k * 24 + j]);
+    for (Eigen::Index j = 0; j < 8; ++j)
+      ASSERT_EQ(pp.bf16_panels_from(0)[gpt2::kernels::bf16_packed_offset(k, j, pp.depth())], proj[k * 8 + j]);
+  }
+}
+
 TEST(LoadAttention, DoubleFromF32IsConvertedAndFloatFromF64) {
   MemoryFile f32(attention_tensors("h.0.attn.", "F32"));
   const auto d = gpt2::safetensors::load_attention<double>(f32.file, 0, 2);
