@@ -97,6 +97,33 @@ TYPED_TEST(NoAllocTest, DecodeStepsThroughAKVCacheAllocateNothing) {
   EXPECT_TRUE(out.allFinite());
 }
 
+// bf16 weights: after one forward (at the amx level it grows each thread's tile buffer, once, to
+// the AMX attention core's), prefills and decode steps allocate nothing either.
+TEST(NoAllocBf16, ForwardsOnBf16WeightsAllocateNothingAfterTheFirst) {
+  const gpt2::test::Model<float> m = gpt2::test::random_model<float>(256, 4, 5);
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(m.weights(), gpt2::WeightDtype::bf16);
+  const RowMatrix<float> x = gpt2::test::random_input<float>(300, 256, 6);
+  gpt2::KVCache<float> cache(m.config, 300);
+  gpt2::Workspace<float> ws(m.config, 200, cache.capacity());
+  RowMatrix<float> out(300, 256);
+  {  // the first forward of each kind (a cached one too, on another cache)
+    gpt2::attention_forward<float>(w, x.topRows(200), ws, out.topRows(200));
+    gpt2::KVCache<float> warm(m.config, 2);
+    gpt2::attention_forward<float>(w, x.topRows(1), warm, ws, out.topRows(1));
+    gpt2::attention_forward<float>(w, x.row(1), warm, ws, out.row(1));
+  }
+  {
+    AllocationWatch watch;
+    gpt2::attention_forward<float>(w, x.topRows(200), ws, out.topRows(200));
+    gpt2::attention_forward<float>(w, x.topRows(100), cache, ws, out.topRows(100));  // prefill
+    for (gpt2::Index t = 100; t < 300; ++t)
+      gpt2::attention_forward<float>(w, x.row(t), cache, ws, out.row(t));
+    EXPECT_EQ(watch.eigen(), 0) << "Eigen heap allocations";
+    EXPECT_EQ(watch.cxx(), 0) << "operator new calls";
+  }
+  EXPECT_TRUE(out.allFinite());
+}
+
 TEST(NoAllocControl, DetectorsSeeAllocations) {
   RowMatrix<float> a = RowMatrix<float>::Random(64, 64), b = RowMatrix<float>::Random(64, 64);
   int eigen_allocations = 0;
