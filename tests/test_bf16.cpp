@@ -280,6 +280,36 @@ TEST_P(Bf16Gemm, ARowAloneHasTheBitsItHasInsideAProduct) {
     for (Index j = 0; j < 384; ++j) ASSERT_EQ(c(i, j), all.at(i, 576 + j)) << i << ", " << j;
 }
 
+// projection_columns (C = bias + A B, the bias inside the bf16 kernels): the bits of writing the
+// bias into C and accumulating, C never read (it starts as NaN here), for any column part.
+TEST_P(Bf16Gemm, TheBiasInTheKernelGivesTheBitsOfBiasThenAccumulate) {
+  for (const Index M : {1, 7, 40}) {
+    const Index K = 200, N = 416;
+    const gpt2::RowMatrix<float> A = random_matrix(M, K, 41);
+    const gpt2::RowMatrix<float> B = random_matrix(K, N, 42);
+    const gpt2::RowMatrix<float> bias_row = random_matrix(1, N, 43);
+    const gpt2::RowVector<float> bias = bias_row.row(0);
+    const PackedMatrix packed(B, WeightDtype::bf16);
+    gpt2::GemmScratch<float> scratch;
+    gpt2::RowMatrix<float> want(M, N);
+    want.rowwise() = bias;
+    gpt2::gemm_accumulate_columns<float>(A, B, &packed, 0, N, want, scratch);
+    for (const Index j0 : {Index{0}, Index{32}, Index{192}}) {
+      const Index n = N - j0 - (j0 == 32 ? 40 : 0);
+      gpt2::RowMatrix<float> got =
+          gpt2::RowMatrix<float>::Constant(M, n, std::numeric_limits<float>::quiet_NaN());
+      gpt2::projection_columns<float>(A, B, &packed, gpt2::view(bias), j0, n, got, scratch);
+      for (Index i = 0; i < M; ++i)
+        for (Index j = 0; j < n; ++j) {
+          if (GetParam() == Isa::generic)  // Eigen orders a panel's sums by its column count
+            ASSERT_NEAR(got(i, j), want(i, j0 + j), 1e-4 * (1 + std::fabs(want(i, j0 + j))));
+          else
+            ASSERT_EQ(got(i, j), want(i, j0 + j)) << "M " << M << " j0 " << j0 << " at (" << i << ", " << j << ")";
+        }
+    }
+  }
+}
+
 TEST_P(Bf16Gemm, NanAndInfinityStayInTheirRows) {
   const Index K = 64, N = 48;
   gpt2::RowMatrix<float> A = random_matrix(20, K, 21);

@@ -76,16 +76,14 @@ void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& we
       const ColumnRange rows = column_part(M, part, parts, 1);
       if (rows.size() == 0) return;
       MatrixRef<T> out_part = out.middleRows(rows.begin, rows.size());
-      out_part.rowwise() = bias;
-      gemm_accumulate_columns<T>(x.middleRows(rows.begin, rows.size()), weight, packed, 0, N,
-                                 out_part, gemm);
+      projection_columns<T>(x.middleRows(rows.begin, rows.size()), weight, packed, bias, 0, N,
+                            out_part, gemm);
       return;
     }
     const ColumnRange cols = column_part(N, part, parts, kProjectionColumnAlign);
     if (cols.size() == 0) return;
     MatrixRef<T> out_part = out.middleCols(cols.begin, cols.size());
-    out_part.rowwise() = bias.segment(cols.begin, cols.size());
-    gemm_accumulate_columns<T>(x, weight, packed, cols.begin, cols.size(), out_part, gemm);
+    projection_columns<T>(x, weight, packed, bias, cols.begin, cols.size(), out_part, gemm);
   });
 }
 

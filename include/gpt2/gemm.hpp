@@ -76,17 +76,20 @@ void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::Matri
 // C[M, n] += A[M, K] * B[:, j0 : j0 + n], B a bf16 weight [K, N] (PackedMatrix with dtype bf16;
 // j0 a multiple of 32), at the active level: widened to float32 at generic (through Eigen), avx2
 // and avx512; A rounded to bf16 for VDPBF16PS at avx512_bf16 and for AMX tiles at amx. Float32
-// accumulation everywhere. Shapes already checked.
+// accumulation everywhere. Shapes already checked. With bias (the n values for these columns,
+// not null): C = bias + A B[:, j0 : j0 + n], the bits of C = bias then C += ..., C not read.
 // PyTorch: C.add_(A @ B[:, j0:j0+n].float())   (avx512_bf16, amx: A.bfloat16().float() for A)
 inline void gemm_bf16_columns(const ConstMatrixRef<float>& A, const PackedMatrix& B, Index j0,
-                              Index n, MatrixRef<float>& C, GemmScratch<float>& scratch) {
+                              Index n, MatrixRef<float>& C, GemmScratch<float>& scratch,
+                              const float* bias = nullptr) {
   const Index M = A.rows(), K = A.cols();
   const std::uint16_t* panels = B.bf16_panels_from(j0);
   if (const kernels::Bf16Gemm gemm = kernels::bf16_gemm(active_isa())) {
     gemm(M, n, K, A.data(), A.outerStride(), panels, B.depth(), C.data(), C.outerStride(),
-         scratch.packed_b());
+         scratch.packed_b(), bias);
     return;
   }
+  if (bias != nullptr) C.rowwise() = Eigen::Map<const RowVector<float>>(bias, n);
   const Index depth_block = std::min<Index>(kernels::bf16_depth(K), kernels::kPackFloats / kernels::kBf16PanelCols);
   scratch.reserve(M, kernels::kBf16PanelCols, depth_block);
   kernels::generic::gemm_bf16(
@@ -139,6 +142,35 @@ void gemm_accumulate_columns(const ConstMatrixRef<T>& A, const ConstMatrixRef<T>
   }
   (void)packed;
   gemm_accumulate<T>(T(1), A, B.middleCols(j0, n), Op::None, C, scratch);
+}
+
+// C[M, n] = bias[j0 : j0 + n] + A[M, K] * B[:, j0 : j0 + n]: a projection's columns (bias [N]),
+// with the same checks as gemm_accumulate_columns and the same bits as writing the bias into C
+// and accumulating; a bf16 weight's product writes C once (the bias in its kernels).
+// PyTorch: torch.addmm(bias[j0:j0+n], A, B[:, j0:j0+n])
+template <class T>
+void projection_columns(const ConstMatrixRef<T>& A, const ConstMatrixRef<T>& B,
+                        const PackedMatrix* packed, const ConstVectorMap<T>& bias, Index j0,
+                        Index n, MatrixRef<T> C, GemmScratch<T>& scratch) {
+  if (j0 < 0 || n < 0 || j0 + n > bias.size())
+    throw ShapeError("projection: columns [" + std::to_string(j0) + ", " + std::to_string(j0 + n) +
+                     ") outside the bias's " + std::to_string(bias.size()));
+  if constexpr (std::is_same<T, float>::value) {
+    if (packed != nullptr && packed->dtype() == WeightDtype::bf16 && B.rows() == packed->rows() &&
+        B.cols() == packed->cols() && j0 % kernels::kBf16PanelCols == 0 && j0 + n <= B.cols()) {
+      detail::check_gemm_shapes(A.rows(), A.cols(), B.rows(), n, C.rows(), C.cols());
+      if (detail::overlaps(C, A)) throw ShapeError("gemm: the output C overlaps an input");
+      if (A.rows() == 0 || n == 0) return;
+      if (A.cols() == 0) {
+        C.rowwise() = bias.segment(j0, n);
+        return;
+      }
+      gemm_bf16_columns(A, *packed, j0, n, C, scratch, bias.data() + j0);
+      return;
+    }
+  }
+  C.rowwise() = bias.segment(j0, n);
+  gemm_accumulate_columns<T>(A, B, packed, j0, n, C, scratch);
 }
 
 }  // namespace gpt2

@@ -73,8 +73,8 @@ void output_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
   detail::check_shape("merged", {T_, C}, {merged.rows(), merged.cols()});
   detail::check_shape("out", {T_, C}, {out.rows(), out.cols()});
   if (detail::overlaps(out, merged)) throw ShapeError("out: must not overlap merged");
-  out.rowwise() = w.c_proj_bias();
-  gemm_accumulate_columns<T>(merged, w.c_proj_weight(), w.packed_c_proj_weight(), 0, C, out, gemm);
+  projection_columns<T>(merged, w.c_proj_weight(), w.packed_c_proj_weight(), w.c_proj_bias(), 0, C,
+                        out, gemm);
 }
 
 // Same, with a one-off GemmScratch (allocates).

@@ -33,8 +33,8 @@ void qkv_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x_
   detail::check_shape("x", {T_, C}, {x.rows(), x.cols()});
   detail::check_shape("qkv", {T_, 3 * C}, {qkv.rows(), qkv.cols()});
   if (detail::overlaps(qkv, x)) throw ShapeError("qkv: must not overlap x");
-  qkv.rowwise() = w.c_attn_bias();
-  gemm_accumulate_columns<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), 0, 3 * C, qkv, gemm);
+  projection_columns<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(), 0, 3 * C,
+                        qkv, gemm);
 }
 
 // Same, with a one-off GemmScratch (allocates).

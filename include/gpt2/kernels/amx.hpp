@@ -148,23 +148,28 @@ GPT2_KERNEL_AMX inline void tile_block(const std::uint16_t* a, Index a_stride,
   }
 }
 
-// C[rows, 32] += block[rows, 32] (lanes past N masked).
+// C[rows, 32] += block[rows, 32] (lanes past N masked); with a bias [32], C = bias + block
+// instead (C not read).
 GPT2_KERNEL_AMX inline void add_block(const float* block, Index rows, float* c, Index ldc,
-                                      __mmask16 m0, __mmask16 m1) {
+                                      __mmask16 m0, __mmask16 m1, const float* bias) {
+  const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+  const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
   for (Index r = 0; r < rows; ++r) {
     float* row = c + r * ldc;
     const float* s = block + r * kBf16PanelCols;
-    _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), _mm512_load_ps(s)));
-    _mm512_mask_storeu_ps(row + 16, m1,
-                          _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), _mm512_load_ps(s + 16)));
+    const __m512 c0 = bias ? b0 : _mm512_maskz_loadu_ps(m0, row);
+    const __m512 c1 = bias ? b1 : _mm512_maskz_loadu_ps(m1, row + 16);
+    _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(c0, _mm512_load_ps(s)));
+    _mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(c1, _mm512_load_ps(s + 16)));
   }
 }
 
 // C[M, N] += A[M, K] * B[K, N], B bf16-packed (depth Kp, from its first panel); scratch:
-// kPackFloats floats, 64-byte aligned. A's copy has zeros past K, as B has zero rows past K.
+// kPackFloats floats, 64-byte aligned. A's copy has zeros past K, as B has zero rows past K. With
+// a bias [N], C = bias + A B instead (C not read: one pass over C fewer).
 GPT2_KERNEL_AMX inline void gemm_bf16(Index M, Index N, Index K, const float* A, Index lda,
                                       const std::uint16_t* Bp, Index Kp, float* C, Index ldc,
-                                      float* scratch) {
+                                      float* scratch, const float* bias) {
   std::uint16_t* copy = reinterpret_cast<std::uint16_t*>(scratch);
   float* blocks = scratch + kCopyFloats;
   load_tile_config();
@@ -190,7 +195,7 @@ GPT2_KERNEL_AMX inline void gemm_bf16(Index M, Index N, Index K, const float* A,
       }
       for (Index j0 = jb; j0 < jb + cols; j0 += kBf16PanelCols)
         add_block(blocks + ((j0 - jb) / kBf16PanelCols) * kBlockFloats, rows, C + ib * ldc + j0, ldc,
-                  avx512::lanes(j0, N), avx512::lanes(j0 + 16, N));
+                  avx512::lanes(j0, N), avx512::lanes(j0 + 16, N), bias ? bias + j0 : nullptr);
     }
   }
   _tile_release();

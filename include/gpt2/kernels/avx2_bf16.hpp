@@ -45,12 +45,12 @@ GPT2_KERNEL_AVX2 inline void widened_step(__m256 (&acc0)[R], __m256 (&acc1)[R], 
 template <int R>
 GPT2_KERNEL_AVX2 inline void widened_tile(const float* a, Index lda, const std::uint16_t* b,
                                           float* c, Index ldc, Index depth, __m256i m0,
-                                          __m256i m1) {
+                                          __m256i m1, const float* bias) {
   __m256 acc0[R], acc1[R];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
-    acc0[r] = _mm256_maskload_ps(c + r * ldc, m0);
-    acc1[r] = _mm256_maskload_ps(c + r * ldc + 8, m1);
+    acc0[r] = _mm256_maskload_ps(bias ? bias : c + r * ldc, m0);
+    acc1[r] = _mm256_maskload_ps(bias ? bias + 8 : c + r * ldc + 8, m1);
   }
   Index k = 0;
   for (; k + 2 <= depth; k += 2) {
@@ -75,21 +75,23 @@ GPT2_KERNEL_AVX2 inline void widened_tile(const float* a, Index lda, const std::
 
 GPT2_KERNEL_AVX2 inline void widened_tile_rows(int rows, const float* a, Index lda,
                                                const std::uint16_t* b, float* c, Index ldc,
-                                               Index depth, __m256i m0, __m256i m1) {
+                                               Index depth, __m256i m0, __m256i m1,
+                                               const float* bias) {
   switch (rows) {
-    case 6: widened_tile<6>(a, lda, b, c, ldc, depth, m0, m1); break;
-    case 5: widened_tile<5>(a, lda, b, c, ldc, depth, m0, m1); break;
-    case 4: widened_tile<4>(a, lda, b, c, ldc, depth, m0, m1); break;
-    case 3: widened_tile<3>(a, lda, b, c, ldc, depth, m0, m1); break;
-    case 2: widened_tile<2>(a, lda, b, c, ldc, depth, m0, m1); break;
-    default: widened_tile<1>(a, lda, b, c, ldc, depth, m0, m1); break;
+    case 6: widened_tile<6>(a, lda, b, c, ldc, depth, m0, m1, bias); break;
+    case 5: widened_tile<5>(a, lda, b, c, ldc, depth, m0, m1, bias); break;
+    case 4: widened_tile<4>(a, lda, b, c, ldc, depth, m0, m1, bias); break;
+    case 3: widened_tile<3>(a, lda, b, c, ldc, depth, m0, m1, bias); break;
+    case 2: widened_tile<2>(a, lda, b, c, ldc, depth, m0, m1, bias); break;
+    default: widened_tile<1>(a, lda, b, c, ldc, depth, m0, m1, bias); break;
   }
 }
 
-// C[M, N] += A[M, K] * B[K, N], B bf16-packed (depth Kp, from its first panel), widened.
+// C[M, N] += A[M, K] * B[K, N], B bf16-packed (depth Kp, from its first panel), widened; with a
+// bias [N], C = bias + A B instead (C not read).
 GPT2_KERNEL_AVX2 inline void gemm_bf16(Index M, Index N, Index K, const float* A, Index lda,
                                        const std::uint16_t* Bp, Index Kp, float* C, Index ldc,
-                                       float* /*scratch*/) {
+                                       float* /*scratch*/, const float* bias) {
   for (Index jb = 0; jb < N; jb += kBf16ColBlock) {
     const Index cols = std::min(kBf16ColBlock, N - jb);
     for (Index ib = 0; ib < M; ib += kBf16RowBlock) {
@@ -100,7 +102,8 @@ GPT2_KERNEL_AVX2 inline void gemm_bf16(Index M, Index N, Index K, const float* A
         const __m256i m0 = lanes(N - j0), m1 = lanes(N - j0 - 8);
         for (Index i0 = ib; i0 < block_end; i0 += kBf16TileRows) {
           const int rows = static_cast<int>(std::min<Index>(kBf16TileRows, block_end - i0));
-          widened_tile_rows(rows, A + i0 * lda, lda, strip, C + i0 * ldc + j0, ldc, K, m0, m1);
+          widened_tile_rows(rows, A + i0 * lda, lda, strip, C + i0 * ldc + j0, ldc, K, m0, m1,
+                            bias ? bias + j0 : nullptr);
         }
       }
     }

@@ -44,12 +44,12 @@ GPT2_KERNEL_AVX512 inline __m512 widen_odd(__m512i pairs) {
 template <int R>
 GPT2_KERNEL_AVX512 inline void widened_tile(const float* a, Index lda, const std::uint16_t* b,
                                             float* c, Index ldc, Index depth, __mmask16 m0,
-                                            __mmask16 m1) {
+                                            __mmask16 m1, const float* bias) {
   __m512 acc0[R], acc1[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
-    acc0[r] = _mm512_maskz_loadu_ps(m0, c + r * ldc);
-    acc1[r] = _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);
+    acc0[r] = _mm512_maskz_loadu_ps(m0, bias ? bias : c + r * ldc);
+    acc1[r] = _mm512_maskz_loadu_ps(m1, bias ? bias + 16 : c + r * ldc + 16);
   }
   Index k = 0;
   for (; k + 2 <= depth; k += 2) {
@@ -109,15 +109,17 @@ GPT2_KERNEL_AVX512 inline void with_rows(int rows, Args... args) {
 template <int R>
 struct WidenedTile {
   GPT2_KERNEL_AVX512 static void run(const float* a, Index lda, const std::uint16_t* b, float* c,
-                                     Index ldc, Index depth, __mmask16 m0, __mmask16 m1) {
-    widened_tile<R>(a, lda, b, c, ldc, depth, m0, m1);
+                                     Index ldc, Index depth, __mmask16 m0, __mmask16 m1,
+                                     const float* bias) {
+    widened_tile<R>(a, lda, b, c, ldc, depth, m0, m1, bias);
   }
 };
 
-// C[M, N] += A[M, K] * B[K, N], B bf16-packed (depth Kp, from its first panel), widened.
+// C[M, N] += A[M, K] * B[K, N], B bf16-packed (depth Kp, from its first panel), widened; with a
+// bias [N], C = bias + A B instead (C not read).
 GPT2_KERNEL_AVX512 inline void gemm_bf16(Index M, Index N, Index K, const float* A, Index lda,
                                          const std::uint16_t* Bp, Index Kp, float* C, Index ldc,
-                                         float* /*scratch*/) {
+                                         float* /*scratch*/, const float* bias) {
   for (Index jb = 0; jb < N; jb += kBf16ColBlock) {
     const Index cols = std::min(kBf16ColBlock, N - jb);
     for (Index ib = 0; ib < M; ib += kBf16RowBlock) {
@@ -127,7 +129,8 @@ GPT2_KERNEL_AVX512 inline void gemm_bf16(Index M, Index N, Index K, const float*
         const std::uint16_t* panel = Bp + (j0 / kBf16PanelCols) * Kp * kBf16PanelCols;
         for (Index i0 = ib; i0 < ib + block_rows; i0 += kBf16TileRows) {
           const int rows = static_cast<int>(std::min<Index>(kBf16TileRows, ib + block_rows - i0));
-          with_rows<WidenedTile>(rows, A + i0 * lda, lda, panel, C + i0 * ldc + j0, ldc, K, m0, m1);
+          with_rows<WidenedTile>(rows, A + i0 * lda, lda, panel, C + i0 * ldc + j0, ldc, K, m0, m1,
+                                 bias ? bias + j0 : nullptr);
         }
       }
     }
@@ -168,12 +171,13 @@ GPT2_KERNEL_AVX512_BF16 inline void round_rows_to_bf16(Index rows, Index K, cons
 template <int R>
 GPT2_KERNEL_AVX512_BF16 inline void dot_tile(const std::uint32_t* a, Index lda_pairs,
                                              const std::uint16_t* b, float* c, Index ldc,
-                                             Index pairs, __mmask16 m0, __mmask16 m1) {
+                                             Index pairs, __mmask16 m0, __mmask16 m1,
+                                             const float* bias) {
   __m512 acc0[R], acc1[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
-    acc0[r] = _mm512_maskz_loadu_ps(m0, c + r * ldc);
-    acc1[r] = _mm512_maskz_loadu_ps(m1, c + r * ldc + 16);
+    acc0[r] = _mm512_maskz_loadu_ps(m0, bias ? bias : c + r * ldc);
+    acc1[r] = _mm512_maskz_loadu_ps(m1, bias ? bias + 16 : c + r * ldc + 16);
   }
   for (Index p = 0; p < pairs; ++p) {
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_load_si512(b + p * 2 * kBf16PanelCols));
@@ -198,8 +202,8 @@ template <int R>
 struct DotTile {
   GPT2_KERNEL_AVX512_BF16 static void run(const std::uint32_t* a, Index lda_pairs,
                                           const std::uint16_t* b, float* c, Index ldc, Index pairs,
-                                          __mmask16 m0, __mmask16 m1) {
-    dot_tile<R>(a, lda_pairs, b, c, ldc, pairs, m0, m1);
+                                          __mmask16 m0, __mmask16 m1, const float* bias) {
+    dot_tile<R>(a, lda_pairs, b, c, ldc, pairs, m0, m1, bias);
   }
 };
 
@@ -209,10 +213,11 @@ static_assert(bf16_copy_floats(kBf16RowBlock, kBf16CopyDepth) <= kPackFloats,
               "A's bf16 copy fits GemmScratch's buffer");
 
 // C[M, N] += A[M, K] * B[K, N], B bf16-packed (depth Kp, from its first panel); A's row blocks
-// rounded to bf16 into scratch (kPackFloats floats, 64-byte aligned) in depth chunks.
+// rounded to bf16 into scratch (kPackFloats floats, 64-byte aligned) in depth chunks. With a bias
+// [N], C = bias + A B instead (C not read).
 GPT2_KERNEL_AVX512_BF16 inline void gemm_bf16(Index M, Index N, Index K, const float* A, Index lda,
                                               const std::uint16_t* Bp, Index Kp, float* C,
-                                              Index ldc, float* scratch) {
+                                              Index ldc, float* scratch, const float* bias) {
   std::uint16_t* copy = reinterpret_cast<std::uint16_t*>(scratch);
   for (Index jb = 0; jb < N; jb += kBf16ColBlock) {
     const Index cols = std::min(kBf16ColBlock, N - jb);
@@ -230,7 +235,8 @@ GPT2_KERNEL_AVX512_BF16 inline void gemm_bf16(Index M, Index N, Index K, const f
           for (Index i0 = 0; i0 < block_rows; i0 += kBf16TileRows) {
             const int rows = static_cast<int>(std::min<Index>(kBf16TileRows, block_rows - i0));
             avx512::with_rows<DotTile>(rows, pairs + i0 * (depth / 2), depth / 2, panel,
-                                       C + (ib + i0) * ldc + j0, ldc, (k_left + 1) / 2, m0, m1);
+                                       C + (ib + i0) * ldc + j0, ldc, (k_left + 1) / 2, m0, m1,
+                                       bias && k0 == 0 ? bias + j0 : nullptr);
           }
         }
       }

@@ -309,9 +309,11 @@ inline const FloatKernels* float_kernels() { return float_kernels(active_isa());
 
 // One level's bf16 product: C[M, N] += A[M, K] * B[K, N], A float32 row-major (stride lda), B a
 // bf16 weight's panels (kernels/bf16.hpp; depth Kp), C row-major (stride ldc); scratch:
-// kPackFloats floats, 64-byte aligned (GemmScratch::packed_b()).
+// kPackFloats floats, 64-byte aligned (GemmScratch::packed_b()). With bias [N] (not null):
+// C = bias + A B, bitwise what C = bias; C += A B gives, without reading C.
 using Bf16Gemm = void (*)(Index M, Index N, Index K, const float* A, Index lda,
-                          const std::uint16_t* Bp, Index Kp, float* C, Index ldc, float* scratch);
+                          const std::uint16_t* Bp, Index Kp, float* C, Index ldc, float* scratch,
+                          const float* bias);
 
 // The bf16 product of a vector level (null for generic, which runs kernels::generic::gemm_bf16
 // through Eigen, and for a level this build does not have).
