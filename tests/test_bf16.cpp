@@ -412,6 +412,42 @@ TEST_P(Bf16Forward, ANanStaysInItsRowAndTheRowsAfterIt) {
   for (Index t = 50; t < T; ++t) EXPECT_TRUE(out.row(t).array().isNaN().any()) << "row " << t;
 }
 
+// The AMX attention core at head sizes 32, 64, 96 and 128 (and the float32 core at 48, which the
+// AMX core does not take): the amx level's output within 2e-3 of the avx512_bf16 level's (the same
+// roundings of x and the weights; there the attention is float32), for lengths around the tile
+// and block sizes, in one forward and in chunks.
+class Bf16AmxCore : public Bf16Gemm {};  // runs at amx only (its ctest entry: test_bf16@amx)
+
+TEST_P(Bf16AmxCore, HeadSizesAgainstTheFloat32Core) {
+  for (const auto& [C, n_head] : std::vector<std::pair<Index, Index>>{{256, 8}, {256, 4}, {384, 4}, {256, 2}, {192, 4}}) {
+    const gpt2::AttentionConfig config{C, n_head};
+    const RowMatrix<float> c_attn_w = random_matrix(C, 3 * C, 51) * 0.1f, c_proj_w = random_matrix(C, C, 52) * 0.1f;
+    const gpt2::RowVector<float> c_attn_b = random_matrix(1, 3 * C, 53).row(0) * 0.1f;
+    const gpt2::RowVector<float> c_proj_b = random_matrix(1, C, 54).row(0) * 0.1f;
+    const gpt2::AttentionWeights<float> views(config, gpt2::view(c_attn_w), gpt2::view(c_attn_b),
+                                              gpt2::view(c_proj_w), gpt2::view(c_proj_b));
+    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(views, WeightDtype::bf16);
+    for (const Index T : {Index{16}, Index{63}, Index{65}, Index{300}}) {
+      SCOPED_TRACE("C " + std::to_string(C) + " n_head " + std::to_string(n_head) + " T " + std::to_string(T));
+      const RowMatrix<float> x = random_matrix(T, C, static_cast<unsigned>(55 + T));
+      RowMatrix<float> amx(T, C), ref(T, C);
+      gpt2::Workspace<float> ws(config, T);
+      gpt2::set_isa(Isa::amx);
+      gpt2::attention_forward<float>(w, x, ws, amx);
+      gpt2::set_isa(Isa::avx512_bf16);
+      gpt2::attention_forward<float>(w, x, ws, ref);
+      gpt2::reset_isa();
+      ASSERT_TRUE(amx.allFinite());
+      EXPECT_LE(gpt2::test::max_diff(amx, ref).relative(), 2e-3);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, Bf16AmxCore, ::testing::Values(Isa::amx),
+                         [](const ::testing::TestParamInfo<Isa>& info) {
+                           return std::string(gpt2::isa_name(info.param));
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Levels, Bf16Forward,
                          ::testing::Values(Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16,
                                            Isa::amx),
