@@ -89,9 +89,15 @@ void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& we
 
 // Records the weights' precision in ws's per-thread attention scratch: with bf16 weights the
 // fused core's products run in bf16 too (at the amx level; kernels/amx_attention.hpp).
+// With bf16 it also grows every thread's tile buffer to the AMX core's here, before any thread
+// starts (once: the first bf16 forward), so that no later forward allocates, whichever threads
+// its tiles land on.
 template <class T>
 void use_weight_dtype(Workspace<T>& ws, WeightDtype dtype) {
-  for (ThreadScratch<T>& t : ws.threads) t.attention.set_bf16_products(dtype == WeightDtype::bf16);
+  for (ThreadScratch<T>& t : ws.threads) {
+    t.attention.set_bf16_products(dtype == WeightDtype::bf16);
+    if (dtype == WeightDtype::bf16) t.attention.reserve_tile(ws.config().head_dim());
+  }
 }
 
 // qkv [T, 3C] = x @ c_attn.weight + c_attn.bias, and out [T, C] = merged @ c_proj.weight +
