@@ -39,6 +39,18 @@ GPT2_KERNEL_AVX512 inline __m512 widen_odd(__m512i pairs) {
   return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
+// acc[r] += a[r, k] * (b0 | b1) for the tile's R rows (one k of the FMA chains).
+template <int R>
+GPT2_KERNEL_AVX512 inline void widened_step(__m512 (&acc0)[R], __m512 (&acc1)[R], const float* a,
+                                            Index lda, Index k, __m512 b0, __m512 b1) {
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    const __m512 ar = _mm512_set1_ps(a[r * lda + k]);
+    acc0[r] = _mm512_fmadd_ps(ar, b0, acc0[r]);
+    acc1[r] = _mm512_fmadd_ps(ar, b1, acc1[r]);
+  }
+}
+
 // C[R, 32] += A[R, depth] * B[depth, 32] with B's panel widened: b points at the panel's pair row
 // of the block's first k (k even). Masked lanes of C are neither read nor written.
 template <int R>
@@ -55,31 +67,12 @@ GPT2_KERNEL_AVX512 inline void widened_tile(const float* a, Index lda, const std
   for (; k + 2 <= depth; k += 2) {
     const __m512i p0 = _mm512_load_si512(b + k * kBf16PanelCols);
     const __m512i p1 = _mm512_load_si512(b + k * kBf16PanelCols + 32);
-    const __m512 e0 = widen_even(p0), e1 = widen_even(p1);
-    const __m512 o0 = widen_odd(p0), o1 = widen_odd(p1);
-#pragma GCC unroll 12
-    for (int r = 0; r < R; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r * lda + k]);
-      acc0[r] = _mm512_fmadd_ps(ar, e0, acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(ar, e1, acc1[r]);
-    }
-#pragma GCC unroll 12
-    for (int r = 0; r < R; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r * lda + k + 1]);
-      acc0[r] = _mm512_fmadd_ps(ar, o0, acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(ar, o1, acc1[r]);
-    }
+    widened_step<R>(acc0, acc1, a, lda, k, widen_even(p0), widen_even(p1));
+    widened_step<R>(acc0, acc1, a, lda, k + 1, widen_odd(p0), widen_odd(p1));
   }
-  if (k < depth) {  // an odd last k: the even halves only (a[k + 1] is past the row)
-    const __m512 e0 = widen_even(_mm512_load_si512(b + k * kBf16PanelCols));
-    const __m512 e1 = widen_even(_mm512_load_si512(b + k * kBf16PanelCols + 32));
-#pragma GCC unroll 12
-    for (int r = 0; r < R; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r * lda + k]);
-      acc0[r] = _mm512_fmadd_ps(ar, e0, acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(ar, e1, acc1[r]);
-    }
-  }
+  if (k < depth)  // an odd last k: the even halves only (a[k + 1] is past the row)
+    widened_step<R>(acc0, acc1, a, lda, k, widen_even(_mm512_load_si512(b + k * kBf16PanelCols)),
+                    widen_even(_mm512_load_si512(b + k * kBf16PanelCols + 32)));
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
     _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
