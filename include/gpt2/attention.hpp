@@ -8,6 +8,7 @@
 //   out    = merged @ c_proj.weight + c_proj.bias                           projection.hpp
 //   attention_forward / attention: all of it, with reusable scratch         forward.hpp
 //   KVCache + attention_forward(w, x, cache, ws, out): prefill and decode   kv_cache.hpp, incremental.hpp
+//   KVCacheBF16: the same with keys and values held in bf16 (float forwards)  kv_cache_bf16.hpp, incremental_bf16.hpp
 //   BatchLayout + attention_forward(w, x, batch, ...): padded batches       batch.hpp
 //   KVBlockPool + PagedSequence: paged KV cache, forks share a prompt       paged_kv_cache.hpp
 //   attention_forward(w, x, seq, ...): forwards over block tables           paged_attention.hpp
@@ -22,8 +23,10 @@
 #include "gpt2/forward.hpp"
 #include "gpt2/gemm.hpp"
 #include "gpt2/incremental.hpp"
+#include "gpt2/incremental_bf16.hpp"
 #include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kv_cache.hpp"
+#include "gpt2/kv_cache_bf16.hpp"
 #include "gpt2/layer_norm.hpp"
 #include "gpt2/paged_attention.hpp"
 #include "gpt2/paged_kv_cache.hpp"

@@ -23,8 +23,28 @@ template <class T>
 struct ThreadScratch {
   AttentionScratch<T> attention;
   GemmScratch<T> gemm;
+  // Keys then values of a bf16 KV cache widened to T (incremental_bf16.hpp): [2 * rows, head_dim],
+  // and the page tables that point the fused core at them. Empty until such a forward runs.
+  RowMatrix<T> kv_widened;
+  std::vector<const T*> key_pages, value_pages;
 
-  Index bytes() const { return attention.bytes() + gemm.bytes(); }
+  // Room for `rows` widened keys and values of width head_dim, and page tables of n_pages entries.
+  void reserve_kv_widened(Index rows, Index head_dim, Index n_pages) {
+    if (kv_widened.rows() < 2 * rows || kv_widened.cols() != head_dim) {
+      RowMatrix<T> grown(2 * rows, head_dim);
+      kv_widened.swap(grown);
+    }
+    if (static_cast<Index>(key_pages.size()) < n_pages) {
+      key_pages.resize(static_cast<std::size_t>(n_pages));
+      value_pages.resize(static_cast<std::size_t>(n_pages));
+    }
+  }
+
+  Index bytes() const {
+    return attention.bytes() + gemm.bytes() +
+           (kv_widened.size() * static_cast<Index>(sizeof(T))) +
+           static_cast<Index>((key_pages.size() + value_pages.size()) * sizeof(const T*));
+  }
 };
 
 // Owns: qkv [capacity, 3C], merged [capacity, C] and one ThreadScratch per thread a forward may

@@ -1,0 +1,230 @@
+// The sublayer over new tokens through a bf16 KV cache (KVCacheBF16): as incremental.hpp's
+// forward, with the cache's keys and values widened to float32 block by block in the workspace
+// before the fused core reads them.
+//
+//   x [T_new, C] are positions n_past .. n_past + T_new - 1; their keys and values are rounded to
+//   bf16 and appended to the cache, and new row i attends to cached keys 0 .. n_past + i.
+//
+// Bits: the float core sees exactly the rounded keys and values, so the result is bitwise that of
+// a KVCache<float> holding them, and the chunking of a sequence never changes it (as with a float
+// cache: bitwise at the vector levels; with bf16 weights at the amx level, prefill tiles of 16 rows
+// or more run the AMX core, see docs/bf16.md).
+//
+// Decode steps (one new row, no probabilities) read the cache once: every head's key blocks are
+// widened kWidenBlocks blocks at a time into the thread's scratch (L2-resident), each block's
+// partial computed there, and the partials merged in block order (the bits of the unsplit tile,
+// kernels/attention_tile.hpp). Longer forwards widen each (head, row tile)'s visible keys whole.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include "gpt2/causal_attention.hpp"
+#include "gpt2/error.hpp"
+#include "gpt2/forward.hpp"
+#include "gpt2/kernels/bf16.hpp"
+#include "gpt2/kv_cache_bf16.hpp"
+#include "gpt2/parallel.hpp"
+#include "gpt2/projection.hpp"
+#include "gpt2/qkv.hpp"
+#include "gpt2/types.hpp"
+#include "gpt2/weights.hpp"
+#include "gpt2/workspace.hpp"
+
+namespace gpt2 {
+
+namespace detail {
+
+// Key blocks a decode step widens at a time (4 x 64 keys: 64 KiB of keys and 64 KiB of values at
+// head_dim 64, which stay in L2 while the block partials read them).
+inline constexpr Index kWidenBlocks = 4;
+inline constexpr Index kWidenRows = kWidenBlocks * kernels::kKeyBlock;
+
+// dst[i] = the float32 value of bf16 bits src[i], i < n (exact).
+inline void widen_bf16(const std::uint16_t* src, Index n, float* dst) {
+  for (Index i = 0; i < n; ++i) dst[i] = kernels::bf16_to_float(src[i]);
+}
+
+// Everything about the call that can be checked before the workspace grows.
+//   x [T_new, C], out [T_new, C], probs (or null) [n_head * T_new, n_past + T_new]
+inline void check_cached_forward_bf16(const AttentionWeights<float>& w,
+                                      const ConstMatrixRef<float>& x, const KVCacheBF16& cache,
+                                      const Workspace<float>& ws, const MatrixRef<float>& out,
+                                      const MatrixRef<float>* probs) {
+  const Index T_new = x.rows(), C = w.n_embd(), n_keys = cache.n_past() + T_new;
+  check_shape("x", {T_new, C}, {x.rows(), x.cols()});
+  check_shape("out", {T_new, C}, {out.rows(), out.cols()});
+  if (probs)
+    check_shape("probs", {w.n_head() * T_new, n_keys}, {probs->rows(), probs->cols()});
+  check_workspace(w, ws);
+  const AttentionConfig& a = w.config();
+  const AttentionConfig& b = cache.config();
+  if (a.n_embd != b.n_embd || a.n_head != b.n_head)
+    throw ConfigError("cache: expected n_embd " + std::to_string(a.n_embd) + ", n_head " +
+                      std::to_string(a.n_head) + " (the weights'), got n_embd " +
+                      std::to_string(b.n_embd) + ", n_head " + std::to_string(b.n_head));
+  cache.check_room(T_new);
+  if (overlaps(out, cache.key_storage()) || overlaps(out, cache.value_storage()))
+    throw ShapeError("out: must not overlap the KV cache");
+  if (probs && (overlaps(*probs, cache.key_storage()) || overlaps(*probs, cache.value_storage())))
+    throw ShapeError("probs: must not overlap the KV cache");
+}
+
+// A decode step's attention: merged [1, C] from q (in qkv [1, 3C]) over the cache's n_keys
+// positions (the new one included), on n_threads threads. Each task is one head's run of key
+// blocks; each widens kWidenBlocks blocks at a time into its thread's kv_widened and writes their
+// partials; then every head's partials are merged in block order.
+inline void attend_decode_bf16(const AttentionConfig& config, const ConstMatrixRef<float>& qkv,
+                               const KVCacheBF16& cache, Workspace<float>& ws,
+                               MatrixRef<float>& merged, int n_threads) {
+  const Index n_head = config.n_head, hd = config.head_dim(), n_keys = cache.n_past();
+  const Index n_blocks = (n_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock;
+  const Index chunks =
+      std::max<Index>(1, std::min<Index>(n_blocks, (n_threads + n_head - 1) / n_head));
+  const Index stride = kernels::partial_stride(hd);
+  float* parts = ws.partials();
+  parallel_tasks(n_head * chunks, n_threads, [&](Index task, int thread) {
+    const Index h = task / chunks, c = task % chunks;
+    const Index b0 = c * n_blocks / chunks, b1 = (c + 1) * n_blocks / chunks;
+    ThreadScratch<float>& scratch = ws.threads[static_cast<std::size_t>(thread)];
+    float* keys = scratch.kv_widened.data();
+    float* values = keys + kWidenRows * hd;
+    // Page s of the table is rows [s * kWidenRows, (s + 1) * kWidenRows): always the buffer,
+    // filled with page s just before its blocks are read.
+    std::fill(scratch.key_pages.begin(), scratch.key_pages.end(), keys);
+    std::fill(scratch.value_pages.begin(), scratch.value_pages.end(), values);
+    HeadPages<float> kv;
+    kv.key_pages = scratch.key_pages.data();
+    kv.value_pages = scratch.value_pages.data();
+    kv.page_rows = kWidenRows;
+    kv.row_stride = hd;
+    kv.n_keys = n_keys;
+    kv.head_dim = hd;
+    const KVCacheBF16::ConstBitsRef key_bits = cache.key_bits(h), value_bits = cache.value_bits(h);
+    for (Index lo = b0; lo < b1;) {
+      const Index page = lo / kWidenBlocks;
+      const Index hi = std::min(b1, (page + 1) * kWidenBlocks);
+      const Index row0 = lo * kernels::kKeyBlock;
+      const Index rows = std::min(hi * kernels::kKeyBlock, n_keys) - row0;
+      const Index at = (row0 - page * kWidenRows) * hd;
+      widen_bf16(key_bits.data() + row0 * hd, rows * hd, keys + at);
+      widen_bf16(value_bits.data() + row0 * hd, rows * hd, values + at);
+      attention_row_partials<float>(q_view(qkv, config, h), kv, lo, hi,
+                                    parts + (h * n_blocks + lo) * stride, scratch.attention);
+      lo = hi;
+    }
+  });
+  parallel_tasks(n_head, n_threads, [&](Index h, int thread) {
+    merge_row_partials<float>(hd, n_keys, parts + h * n_blocks * stride,
+                              head_slot(merged, config, h).data(),
+                              ws.threads[static_cast<std::size_t>(thread)].attention);
+  });
+}
+
+// The attention of T new rows (any T, probabilities or not): merged [T, C] (and probs) from q (in
+// qkv [T, 3C]) over the cache's n_keys positions. Each (head, row tile) task widens the keys and
+// values its last row sees (whole blocks) into its thread's kv_widened, then runs the row tile on
+// them; each head's costliest tiles first, as attend_heads does.
+inline void attend_rows_bf16(const AttentionConfig& config, const ConstMatrixRef<float>& qkv,
+                             const KVCacheBF16& cache, Workspace<float>& ws,
+                             MatrixRef<float>& merged, MatrixRef<float>* probs, int n_threads) {
+  const Index T_ = qkv.rows(), n_head = config.n_head, hd = config.head_dim();
+  const Index n_keys = cache.n_past(), n_past = n_keys - T_;
+  const Index row_block = attention_row_block(ws.threads[0].attention, hd, probs != nullptr);
+  const Index tiles = attention_row_tiles(T_, row_block);
+  const Index key_rows = ws.threads[0].kv_widened.rows() / 2;
+  if (probs) ws.reserve_probabilities();
+  parallel_tasks(n_head * tiles, n_threads, [&](Index task, int thread) {
+    const Index h = task / tiles, tile = tiles - 1 - task % tiles;
+    const Index r0 = tile * row_block, nb = std::min(row_block, T_ - r0);
+    ThreadScratch<float>& scratch = ws.threads[static_cast<std::size_t>(thread)];
+    float* keys = scratch.kv_widened.data();
+    float* values = keys + key_rows * hd;
+    const Index seen = n_past + r0 + nb;  // keys the tile's last row sees
+    const Index rows =
+        std::min(n_keys, (seen + kernels::kKeyBlock - 1) / kernels::kKeyBlock * kernels::kKeyBlock);
+    widen_bf16(cache.key_bits(h).data(), rows * hd, keys);
+    widen_bf16(cache.value_bits(h).data(), rows * hd, values);
+    using Map = Eigen::Map<const RowMatrix<float>>;
+    const ConstMatrixRef<float> k(Map(keys, n_keys, hd)), v(Map(values, n_keys, hd));
+    MatrixRef<float> y = head_slot(merged, config, h);
+    if (probs) {
+      MatrixRef<float> p = probs->middleRows(h * T_, T_);
+      attention_row_tile<float>(q_view(qkv, config, h), k, v, r0, nb, y, &p, scratch.attention);
+    } else {
+      attention_row_tile<float>(q_view(qkv, config, h), k, v, r0, nb, y, nullptr,
+                                scratch.attention);
+    }
+  });
+}
+
+// The forward, once checked, with a workspace grown for it. Appends T_new positions; if anything
+// throws after that, the cache is rolled back to n_past positions.
+inline void run_cached_forward_bf16(const AttentionWeights<float>& w,
+                                    const ConstMatrixRef<float>& x, KVCacheBF16& cache,
+                                    Workspace<float>& ws, MatrixRef<float>& out,
+                                    MatrixRef<float>* probs) {
+  const Index T_new = x.rows(), C = w.n_embd(), n_past = cache.n_past();
+  if (T_new == 0) return;
+  MatrixRef<float> qkv = ws.qkv.topRows(T_new);
+  MatrixRef<float> merged = ws.merged.topRows(T_new);
+  const int n_threads = forward_threads(ws);
+  qkv_parallel<float>(w, x, qkv, ws, n_threads);  // x is fully read here: out may alias x
+  cache.append(qkv.middleCols(C, C), qkv.middleCols(2 * C, C));
+  try {
+    const ConstMatrixRef<float> qkv_read = qkv;
+    if (T_new == 1 && probs == nullptr)
+      attend_decode_bf16(w.config(), qkv_read, cache, ws, merged, n_threads);
+    else
+      attend_rows_bf16(w.config(), qkv_read, cache, ws, merged, probs, n_threads);
+    const ConstMatrixRef<float> merged_read = merged;
+    proj_parallel<float>(w, merged_read, out, ws, n_threads);
+  } catch (...) {
+    cache.truncate(n_past);
+    throw;
+  }
+}
+
+inline void attention_forward_cached_bf16(const AttentionWeights<float>& w,
+                                          const ConstMatrixRef<float>& x, KVCacheBF16& cache,
+                                          Workspace<float>& ws, MatrixRef<float>& out,
+                                          MatrixRef<float>* probs) {
+  check_cached_forward_bf16(w, x, cache, ws, out, probs);
+  ws.reserve(x.rows(), cache.capacity());  // the first call sizes it for the whole cache
+  // Decode steps widen kWidenRows keys at a time; longer forwards a whole head's.
+  const bool decode = x.rows() == 1 && probs == nullptr;
+  const Index rows = decode ? kWidenRows : std::max<Index>(cache.capacity(), 1);
+  const Index pages = (cache.capacity() + kWidenRows - 1) / kWidenRows + 1;
+  for (ThreadScratch<float>& t : ws.threads) t.reserve_kv_widened(rows, w.config().head_dim(), pages);
+  check_workspace_overlap<float>(ws, x.rows(), out, probs);
+  run_cached_forward_bf16(w, x, cache, ws, out, probs);
+}
+
+}  // namespace detail
+
+// out = GPT-2 attention sublayer over new tokens, through a bf16 KV cache.
+//   x [T_new, C] (read; positions n_past .. n_past + T_new - 1 of the sequence in `cache`)
+//   cache: holds n_past positions; gains T_new, their keys and values rounded to bf16
+//          (CapacityError, cache unchanged, if they do not fit)
+//   ws: scratch; grown on the first call to T_new tokens and cache.capacity() keys (and, for a
+//       longer forward than one decode step, a float copy of one head's keys and values per
+//       thread), so later decode steps allocate nothing
+//   out [T_new, C] (written; may be the same storage as x, must not overlap the cache)
+// PyTorch (HF): GPT2Attention(x, layer_past=past, use_cache=True) with past in torch.bfloat16
+// (keys and values cast to bf16 as they are cached, and back to float32 for the products).
+template <class T, class D, std::enable_if_t<std::is_same<T, float>::value, int> = 0>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       KVCacheBF16& cache, Workspace<T>& ws, MatrixRef<T> out) {
+  detail::attention_forward_cached_bf16(w, detail::as_view<float>(x), cache, ws, out, nullptr);
+}
+
+// Same, also writing the probabilities of every head over every position it can see.
+//   probs [n_head * T_new, n_past + T_new] (written), as with a KVCache.
+template <class T, class D, std::enable_if_t<std::is_same<T, float>::value, int> = 0>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       KVCacheBF16& cache, Workspace<T>& ws, MatrixRef<T> out, MatrixRef<T> probs) {
+  detail::attention_forward_cached_bf16(w, detail::as_view<float>(x), cache, ws, out, &probs);
+}
+
+}  // namespace gpt2

@@ -1,0 +1,298 @@
+// KVCacheBF16 and the forward through it (kv_cache_bf16.hpp, incremental_bf16.hpp): the cache's
+// own contract (rounding, room, truncate, copies, moves, bytes), and that a forward through it is
+// bitwise the forward over keys and values rounded to bf16, built here from the public steps
+// (qkv_projection, causal_attention_head, output_projection) on rounded copies, whatever the
+// chunking (one prefill, prefill plus decode steps, random splits), with probabilities too, for
+// float32 and bf16 weights. Accuracy against PyTorch is in test_reference_bf16.cpp.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "gpt2/attention.hpp"
+#include "support/compare.hpp"
+#include "support/errors.hpp"
+#include "support/models.hpp"
+
+namespace {
+
+using gpt2::Index;
+using gpt2::KVCacheBF16;
+using gpt2::RowMatrix;
+using gpt2::test::Contains;
+using gpt2::test::error_of;
+using gpt2::test::near;
+using gpt2::test::random_input;
+using gpt2::test::random_model;
+
+RowMatrix<float> rounded(const RowMatrix<float>& m) {
+  RowMatrix<float> r(m.rows(), m.cols());
+  for (Index i = 0; i < m.rows(); ++i)
+    for (Index j = 0; j < m.cols(); ++j)
+      r(i, j) = gpt2::kernels::bf16_to_float(gpt2::kernels::round_to_bf16(m(i, j)));
+  return r;
+}
+
+// The forward of all of x [N, C] with its keys and values rounded to bf16, from the public steps:
+// out [N, C] and (if probs is non-null) probs [n_head * N, N].
+RowMatrix<float> rounded_kv_reference(const gpt2::AttentionWeights<float>& w,
+                                      const RowMatrix<float>& x, RowMatrix<float>* probs) {
+  const gpt2::AttentionConfig& config = w.config();
+  const Index N = x.rows(), C = config.n_embd;
+  RowMatrix<float> qkv(N, 3 * C);
+  gpt2::qkv_projection<float>(w, x, qkv);
+  const RowMatrix<float> k = rounded(qkv.middleCols(C, C)), v = rounded(qkv.middleCols(2 * C, C));
+  RowMatrix<float> merged(N, C);
+  const Index hd = config.head_dim();
+  if (probs) probs->resize(config.n_head * N, N);
+  gpt2::AttentionScratch<float> scratch;
+  for (Index h = 0; h < config.n_head; ++h) {
+    const RowMatrix<float> kh = k.middleCols(h * hd, hd), vh = v.middleCols(h * hd, hd);
+    if (probs)
+      gpt2::causal_attention_head<float>(gpt2::q_view(qkv, config, h), kh, vh,
+                                         gpt2::head_slot(merged, config, h),
+                                         probs->middleRows(h * N, N), scratch);
+    else
+      gpt2::causal_attention_head<float>(gpt2::q_view(qkv, config, h), kh, vh,
+                                         gpt2::head_slot(merged, config, h), scratch);
+  }
+  RowMatrix<float> out(N, C);
+  gpt2::output_projection<float>(w, merged, out);
+  return out;
+}
+
+// Runs x through a fresh KVCacheBF16 in chunks of the given sizes (one workspace for all of them).
+RowMatrix<float> run_chunked(const gpt2::AttentionWeights<float>& w, const RowMatrix<float>& x,
+                             const std::vector<Index>& chunks, RowMatrix<float>* probs = nullptr,
+                             KVCacheBF16* cache_out = nullptr) {
+  const Index N = x.rows(), C = x.cols(), H = w.n_head();
+  KVCacheBF16 cache(w.config(), N);
+  gpt2::Workspace<float> ws(w.config());
+  RowMatrix<float> out(N, C);
+  if (probs) probs->setConstant(H * N, N, -1.0f);
+  Index pos = 0;
+  for (const Index n : chunks) {
+    if (probs) {
+      RowMatrix<float> p(H * n, pos + n);
+      gpt2::attention_forward<float>(w, x.middleRows(pos, n), cache, ws, out.middleRows(pos, n), p);
+      for (Index h = 0; h < H; ++h) {
+        probs->block(h * N + pos, 0, n, pos + n) = p.middleRows(h * n, n);
+        probs->block(h * N + pos, pos + n, n, N - pos - n).setZero();
+      }
+    } else {
+      gpt2::attention_forward<float>(w, x.middleRows(pos, n), cache, ws, out.middleRows(pos, n));
+    }
+    pos += n;
+  }
+  EXPECT_EQ(pos, N);
+  EXPECT_EQ(cache.n_past(), N);
+  if (cache_out) *cache_out = std::move(cache);
+  return out;
+}
+
+// Where the projections are row-exact (the float vector levels), a chunked forward and the
+// whole-sequence reference are bitwise equal; at the generic level the projections run Eigen's
+// GEMV for one row and its GEMM for several, so they differ by rounding, and a key that rounding
+// moves across a bf16 rounding boundary moves by a bf16 step (2^-8 relative): hence the bound.
+bool projections_row_exact() { return gpt2::active_isa() != gpt2::Isa::generic; }
+
+::testing::AssertionResult same(const RowMatrix<float>& actual, const RowMatrix<float>& expected) {
+  if (projections_row_exact()) {
+    if (actual.rows() == expected.rows() && actual.cols() == expected.cols() &&
+        (actual.array() == expected.array()).all())
+      return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "not bitwise equal: " << near(actual, expected, 0);
+  }
+  return near(actual, expected, 5e-3);
+}
+
+// Chunkings of N positions: whole, prefill + decode steps, one token at a time, random splits.
+std::vector<std::vector<Index>> chunkings(Index N, Index prefill, unsigned seed) {
+  std::vector<std::vector<Index>> all;
+  all.push_back({N});
+  std::vector<Index> decode{prefill};
+  for (Index i = prefill; i < N; ++i) decode.push_back(1);
+  all.push_back(decode);
+  std::mt19937 gen(seed);
+  for (int r = 0; r < 3; ++r) {
+    std::vector<Index> split;
+    for (Index left = N; left > 0;) {
+      const Index n = std::min<Index>(left, std::uniform_int_distribution<Index>(1, 90)(gen));
+      split.push_back(n);
+      left -= n;
+    }
+    all.push_back(split);
+  }
+  return all;
+}
+
+TEST(KVCacheBF16, RoundsWhatItAppendsAndHoldsHalfTheBytes) {
+  const gpt2::AttentionConfig config{96, 3};
+  KVCacheBF16 cache(config, 10);
+  gpt2::KVCache<float> float_cache(config, 10);
+  EXPECT_EQ(cache.bytes() * 2, float_cache.bytes());
+  RowMatrix<float> k = random_input<float>(4, 96, 1) * 3.0f, v = random_input<float>(4, 96, 2);
+  k(0, 0) = std::numeric_limits<float>::quiet_NaN();
+  k(1, 1) = std::numeric_limits<float>::infinity();
+  k(2, 2) = 1.0f + std::ldexp(1.0f, -8);  // a tie: rounds to even (1.0)
+  cache.append(k, v);
+  ASSERT_EQ(cache.n_past(), 4);
+  const RowMatrix<float> kr = rounded(k), vr = rounded(v);
+  for (Index h = 0; h < 3; ++h) {
+    const RowMatrix<float> keys = cache.keys(h), values = cache.values(h);
+    for (Index i = 0; i < 4; ++i)
+      for (Index d = 0; d < 32; ++d) {
+        const float want = kr(i, h * 32 + d), got = keys(i, d);
+        EXPECT_TRUE(std::isnan(want) ? std::isnan(got) : want == got) << h << " " << i << " " << d;
+        EXPECT_EQ(values(i, d), vr(i, h * 32 + d));
+      }
+  }
+  EXPECT_EQ(cache.keys(0)(2, 2), 1.0f);
+  EXPECT_TRUE(std::isinf(cache.keys(0)(1, 1)));
+  // append_past: head-major rows, rounded the same way
+  KVCacheBF16 past(config, 10);
+  RowMatrix<float> kp(3 * 4, 32), vp(3 * 4, 32);
+  for (Index h = 0; h < 3; ++h) {
+    kp.middleRows(h * 4, 4) = k.middleCols(h * 32, 32);
+    vp.middleRows(h * 4, 4) = v.middleCols(h * 32, 32);
+  }
+  past.append_past(kp, vp);
+  for (Index h = 0; h < 3; ++h) {
+    EXPECT_TRUE((past.key_bits(h).array() == cache.key_bits(h).array()).all());
+    EXPECT_TRUE((past.value_bits(h).array() == cache.value_bits(h).array()).all());
+  }
+}
+
+TEST(KVCacheBF16, RoomTruncateCopiesAndMoves) {
+  const gpt2::AttentionConfig config{64, 2};
+  KVCacheBF16 cache(config, 5);
+  const RowMatrix<float> k = random_input<float>(3, 64, 3), v = random_input<float>(3, 64, 4);
+  cache.append(k, v);
+  EXPECT_THROW(cache.append(k, v), gpt2::CapacityError);
+  EXPECT_EQ(cache.n_past(), 3);  // unchanged
+  EXPECT_TRUE(Contains(error_of<gpt2::ShapeError>([&] { cache.append(k.leftCols(10), v); }),
+                       "k: expected shape [3, 64], got [3, 10]"));
+  EXPECT_THROW(cache.truncate(4), gpt2::ShapeError);
+  KVCacheBF16 copy = cache.copy();
+  cache.truncate(1);
+  EXPECT_EQ(copy.n_past(), 3);
+  EXPECT_TRUE((copy.key_bits(1).topRows(1).array() == cache.key_bits(1).array()).all());
+  KVCacheBF16 small(config, 2);
+  EXPECT_THROW(small.copy_from(copy), gpt2::CapacityError);
+  KVCacheBF16 other({96, 3}, 5);
+  EXPECT_THROW(other.copy_from(copy), gpt2::ConfigError);
+  KVCacheBF16 moved(std::move(copy));
+  EXPECT_EQ(moved.n_past(), 3);
+  EXPECT_EQ(copy.capacity(), 0);  // NOLINT(bugprone-use-after-move): the documented state
+  EXPECT_EQ(copy.key_bits(0).rows(), 0);
+  EXPECT_THROW(moved.key_bits(2), gpt2::ShapeError);
+  EXPECT_THROW(KVCacheBF16(config, -1), gpt2::ShapeError);
+}
+
+TEST(KVCacheBF16, ForwardRejectsBadInputWithTheCacheUnchanged) {
+  const auto model = random_model<float>(64, 2, 5);
+  const gpt2::AttentionWeights<float> w = model.weights();
+  KVCacheBF16 cache(w.config(), 4);
+  gpt2::Workspace<float> ws(w.config());
+  const RowMatrix<float> x = random_input<float>(3, 64, 6);
+  RowMatrix<float> out(3, 64);
+  gpt2::attention_forward<float>(w, x, cache, ws, out);
+  EXPECT_TRUE(Contains(
+      error_of<gpt2::CapacityError>([&] { gpt2::attention_forward<float>(w, x, cache, ws, out); }),
+      "KV cache: 3 cached + 3 new tokens exceed its capacity of 4 tokens"));
+  EXPECT_EQ(cache.n_past(), 3);
+  RowMatrix<float> bad(1, 60);
+  EXPECT_TRUE(Contains(error_of<gpt2::ShapeError>([&] {
+                         gpt2::attention_forward<float>(w, x.topRows(1), cache, ws, bad);
+                       }),
+                       "out: expected shape [1, 64], got [1, 60]"));
+  KVCacheBF16 other({96, 3}, 4);
+  EXPECT_TRUE(Contains(error_of<gpt2::ConfigError>([&] {
+                         gpt2::attention_forward<float>(w, x.topRows(1), other, ws, out.topRows(1));
+                       }),
+                       "cache: expected n_embd 64, n_head 2 (the weights'), got n_embd 96, n_head 3"));
+  EXPECT_EQ(cache.n_past(), 3);
+}
+
+// The cases: float32 weights (bitwise at the vector levels whatever the chunking) and bf16
+// weights (bitwise too away from the amx level's AMX core, which runs prefill tiles of 16 rows or
+// more: there the decode rows are checked, and the prefill rows to the AMX core's rounding).
+struct Case {
+  const char* name;
+  Index C, n_head, N, prefill;
+};
+const Case kCases[] = {
+    {"gpt2_heads_past_two_widen_pages", 256, 4, 600, 300},  // head_dim 64; keys past 2 x 256
+    {"head_dim_32_odd_lengths", 96, 3, 203, 77},
+    {"head_dim_80", 160, 2, 150, 64},
+};
+
+class KVCacheBF16Forward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(KVCacheBF16Forward, EveryChunkingIsTheRoundedKVForward) {
+  const Case& c = GetParam();
+  const auto model = random_model<float>(c.C, c.n_head, 7);
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights());
+  const RowMatrix<float> x = random_input<float>(c.N, c.C, 8);
+  const RowMatrix<float> expected = rounded_kv_reference(w, x, nullptr);
+  for (const std::vector<Index>& chunks : chunkings(c.N, c.prefill, 9)) {
+    SCOPED_TRACE(::testing::Message() << chunks.size() << " chunks, first " << chunks[0]);
+    KVCacheBF16 cache(w.config(), 0);
+    const RowMatrix<float> out = run_chunked(w, x, chunks, nullptr, &cache);
+    EXPECT_TRUE(same(out, expected));
+  }
+}
+
+TEST_P(KVCacheBF16Forward, ProbabilitiesAreTheRoundedKVOnes) {
+  const Case& c = GetParam();
+  const auto model = random_model<float>(c.C, c.n_head, 10);
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights());
+  const Index N = std::min<Index>(c.N, 200);
+  const RowMatrix<float> x = random_input<float>(N, c.C, 11);
+  RowMatrix<float> expected_probs;
+  const RowMatrix<float> expected = rounded_kv_reference(w, x, &expected_probs);
+  RowMatrix<float> probs;
+  const RowMatrix<float> out = run_chunked(w, x, {N / 2, 1, N - N / 2 - 1}, &probs);
+  EXPECT_TRUE(same(out, expected));
+  EXPECT_TRUE(same(probs, expected_probs));
+}
+
+TEST_P(KVCacheBF16Forward, DecodeWithBF16WeightsIsTheRoundedKVForward) {
+  const Case& c = GetParam();
+  const auto model = random_model<float>(c.C, c.n_head, 12);
+  const gpt2::AttentionWeights<float> w =
+      gpt2::pack_weights(model.weights(), gpt2::WeightDtype::bf16);
+  const RowMatrix<float> x = random_input<float>(c.N, c.C, 13);
+  const RowMatrix<float> expected = rounded_kv_reference(w, x, nullptr);
+  std::vector<Index> chunks{c.prefill};
+  for (Index i = c.prefill; i < c.N; ++i) chunks.push_back(1);
+  const RowMatrix<float> out = run_chunked(w, x, chunks);
+  // the decode rows: one-row tiles, the float32 core at every level
+  const Index D = c.N - c.prefill;
+  EXPECT_TRUE(same(out.bottomRows(D), expected.bottomRows(D)));
+  // the prefill rows: bitwise too unless the AMX core ran them (its own rounding of q, k, v, p)
+  if (gpt2::active_isa() == gpt2::Isa::amx)
+    EXPECT_TRUE(near(out.topRows(c.prefill), expected.topRows(c.prefill), 5e-4));
+  else
+    EXPECT_TRUE(same(out.topRows(c.prefill), expected.topRows(c.prefill)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, KVCacheBF16Forward, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// The bf16 cache against a float32 cache: the only difference is the rounding of k and v, so the
+// outputs agree to about bf16's precision (2^-8 relative on each key and value).
+TEST(KVCacheBF16, CloseToTheFloatCache) {
+  const auto model = random_model<float>(256, 4, 14);
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights());
+  const RowMatrix<float> x = random_input<float>(300, 256, 15);
+  const RowMatrix<float> out = run_chunked(w, x, {299, 1});
+  gpt2::KVCache<float> cache(w.config(), 300);
+  gpt2::Workspace<float> ws(w.config());
+  RowMatrix<float> expected(300, 256);
+  gpt2::attention_forward<float>(w, x, cache, ws, expected);
+  EXPECT_TRUE(near(out, expected, 1e-2));
+  EXPECT_FALSE((out.array() == expected.array()).all());  // the rounding is really there
+}
+
+}  // namespace
