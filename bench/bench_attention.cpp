@@ -6,6 +6,8 @@
 //   decode_model/past:1023      one decode step per layer through the 12 layers of a GPT-2 small
 //                               with distinct weights and caches, cycled (about 190 MB: they come
 //                               from DRAM); time per layer. Counter `bytes`: bytes read per step
+//   decode_model_bf16/past:1023 the same with bf16 weights and a bf16 KV cache (KVCacheBF16);
+//                               decode_model_bf16_f32cache: bf16 weights, float32 cache
 //   decode_batch/B:N/past:1023  one batched decode step of N sequences, each with its own cache (one
 //                               layer): time per step, tokens_per_second counts the N tokens
 //                               (also B:64/past:512, the contiguous twin of decode_shared_prefix)
@@ -285,6 +287,7 @@ void decode_paged_unshared(benchmark::State& state) {
 struct Model {
   std::vector<Gpt2SmallLayer> layers;
   std::vector<gpt2::KVCache<float>> caches;
+  std::vector<gpt2::KVCacheBF16> bf16_caches;  // the same positions, keys and values in bf16
   Index past = -1;
 };
 
@@ -293,6 +296,7 @@ Model& decode_model_state(Index past) {
   if (m.past == past) return m;
   m.layers.clear();
   m.caches.clear();
+  m.bf16_caches.clear();
   const RowMatrix<float> x = input(past);
   RowMatrix<float> out(past, kC);
   gpt2::Workspace<float> ws(gpt2::AttentionConfig{kC, kHeads}, past, past + 1);
@@ -300,14 +304,17 @@ Model& decode_model_state(Index past) {
     m.layers.emplace_back(static_cast<unsigned>(100 + l));
     m.caches.emplace_back(gpt2::AttentionConfig{kC, kHeads}, past + 1);
     gpt2::attention_forward<float>(m.layers.back().weights(), x, m.caches.back(), ws, out);
+    m.bf16_caches.emplace_back(gpt2::AttentionConfig{kC, kHeads}, past + 1);
+    gpt2::attention_forward<float>(m.layers.back().weights(), x, m.bf16_caches.back(), ws, out);
   }
   m.past = past;
   return m;
 }
 
 // One decode step per iteration, through layer (iteration mod 12): the weights and cache of the
-// other 11 layers have pushed this one's out of the caches by then, as in a real model.
-void run_decode_model(benchmark::State& state, gpt2::WeightDtype dtype) {
+// other 11 layers have pushed this one's out of the caches by then, as in a real model. With
+// bf16 weights the KV cache is bf16 too (KVCacheBF16) unless float_cache is set.
+void run_decode_model(benchmark::State& state, gpt2::WeightDtype dtype, bool float_cache = false) {
   if (!use_threads(state)) return;
   const Index past = state.range(0);
   Model& m = decode_model_state(past);
@@ -319,10 +326,16 @@ void run_decode_model(benchmark::State& state, gpt2::WeightDtype dtype) {
   Index layer = 0;
   WallClock clock;
   clock.start();
+  const bool bf16_cache = dtype == gpt2::WeightDtype::bf16 && !float_cache;
   for (auto _ : state) {
     const std::size_t l = static_cast<std::size_t>(layer);
-    gpt2::attention_forward<float>(weights[l], x, m.caches[l], ws, out);
-    m.caches[l].truncate(past);
+    if (bf16_cache) {
+      gpt2::attention_forward<float>(weights[l], x, m.bf16_caches[l], ws, out);
+      m.bf16_caches[l].truncate(past);
+    } else {
+      gpt2::attention_forward<float>(weights[l], x, m.caches[l], ws, out);
+      m.caches[l].truncate(past);
+    }
     layer = (layer + 1) % kLayers;
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
@@ -330,14 +343,17 @@ void run_decode_model(benchmark::State& state, gpt2::WeightDtype dtype) {
   clock.stop();
   set_counters(state, clock, 1, decode_flop(past));
   // Read per step: the layer's weights (half of them in bf16), and the keys and values of past + 1
-  // positions.
+  // positions (2 bytes each in a bf16 cache).
   const double weight_bytes = dtype == gpt2::WeightDtype::bf16
                                   ? static_cast<double>(weights[0].packed_bytes()) + 4.0 * 4 * kC
                                   : Gpt2SmallLayer::bytes();
-  state.counters["bytes"] = weight_bytes + 2.0 * 4.0 * kC * (past + 1);
+  state.counters["bytes"] = weight_bytes + 2.0 * (bf16_cache ? 2.0 : 4.0) * kC * (past + 1);
 }
 void decode_model(benchmark::State& state) { run_decode_model(state, gpt2::WeightDtype::float32); }
 void decode_model_bf16(benchmark::State& state) { run_decode_model(state, gpt2::WeightDtype::bf16); }
+void decode_model_bf16_f32cache(benchmark::State& state) {
+  run_decode_model(state, gpt2::WeightDtype::bf16, true);
+}
 
 void baseline_eigen(benchmark::State& state) {
   if (!use_threads(state)) return;
@@ -546,6 +562,7 @@ BENCHMARK(prefill)->Name("prefill")->ArgsProduct({kPrefillTokens, kThreads})->Ar
 BENCHMARK(prefill_bf16)->Name("prefill_bf16")->ArgsProduct({{64, 256, 1024, 2048}, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(decode_bf16)->Name("decode_bf16")->ArgsProduct({{0, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_model_bf16)->Name("decode_model_bf16")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_model_bf16_f32cache)->Name("decode_model_bf16_f32cache")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode)->Name("decode")->ArgsProduct({{0, 127, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_batch)->Name("decode_batch")->ArgsProduct({{4, 16}, {1023}, kThreads})->ArgNames({"B", "past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_batch)->Name("decode_batch")->ArgsProduct({{64}, {512}, kThreads})->ArgNames({"B", "past", "threads"})->Unit(benchmark::kMicrosecond);

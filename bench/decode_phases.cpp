@@ -1,14 +1,16 @@
-// gpt2_decode_phases [threads] [steps]: where the time of a decode step from DRAM goes. One token
+// gpt2_decode_phases [threads] [steps] [f32|bf16]: where the time of a decode step from DRAM goes. One token
 // through the 12 attention layers of a GPT-2 small (C = 768, 12 heads, fp32, a 1023-position KV
 // cache each; distinct weights and caches, cycled as in the decode_model benchmark, so they come
 // from DRAM), timed phase by phase with the library's own steps: the QKV projection, the cache
 // append, the attention of the 12 heads, the output projection. Prints the mean time of each phase
-// and the rate at which it reads its bytes.
+// and the rate at which it reads its bytes. bf16: bf16 weights and a bf16 KV cache (KVCacheBF16),
+// as the decode_model_bf16 benchmark runs them.
 //   build/release/bench/gpt2_decode_phases 1 && build/release/bench/gpt2_decode_phases 2
 // A diagnostic beside the benchmarks (gpt2_bench's decode_model is the figure of record).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "gpt2/attention.hpp"
@@ -35,16 +37,19 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 2400;
-  if (threads < 1 || steps <= 2 * kLayers) {  // the first 24 steps are a warm-up
-    std::fprintf(stderr, "usage: gpt2_decode_phases [threads >= 1] [steps > 24]\n");
+  const std::string dtype = argc > 3 ? argv[3] : "f32";
+  if (threads < 1 || steps <= 2 * kLayers || (dtype != "f32" && dtype != "bf16")) {
+    std::fprintf(stderr, "usage: gpt2_decode_phases [threads >= 1] [steps > 24] [f32|bf16]\n");
     return 2;
   }
+  const bool bf16 = dtype == "bf16";
   gpt2::set_num_threads(threads);
   const gpt2::AttentionConfig config{kC, kHeads};
 
   // The 12 layers, each with a cache holding kPast positions.
   std::vector<Layer> layers;
   std::vector<gpt2::KVCache<float>> caches;
+  std::vector<gpt2::KVCacheBF16> bf16_caches;
   std::srand(2);
   const RowMatrix<float> prompt = RowMatrix<float>::Random(kPast, kC);
   RowMatrix<float> prompt_out(kPast, kC);
@@ -54,6 +59,9 @@ int main(int argc, char** argv) {
     caches.emplace_back(config, kPast + 1);
     gpt2::attention_forward<float>(layers.back().weights(), prompt, caches.back(), prefill_ws,
                                    prompt_out);
+    bf16_caches.emplace_back(config, kPast + 1);
+    gpt2::attention_forward<float>(layers.back().weights(), prompt, bf16_caches.back(),
+                                   prefill_ws, prompt_out);
   }
 
   const RowMatrix<float> x = RowMatrix<float>::Random(1, kC);
@@ -61,30 +69,43 @@ int main(int argc, char** argv) {
   gpt2::Workspace<float> ws(config, 1, kPast + 1);
   const int n_threads = gpt2::detail::forward_threads(ws);
   std::vector<gpt2::AttentionWeights<float>> packed;  // the layers' weights packed once
-  for (const auto& layer : layers) packed.push_back(layer.packed());
+  for (const auto& layer : layers)
+    packed.push_back(bf16 ? gpt2::pack_weights(layer.weights(), gpt2::WeightDtype::bf16)
+                          : layer.packed());
+  for (gpt2::ThreadScratch<float>& t : ws.threads)  // what the bf16 cache's forward reserves
+    t.reserve_kv_widened(gpt2::detail::kWidenRows, config.head_dim(),
+                         (kPast + 1) / gpt2::detail::kWidenRows + 2);
   double total[4] = {0, 0, 0, 0};
   int timed = 0;
   for (int step = 0; step < steps; ++step) {
     const std::size_t l = static_cast<std::size_t>(step % kLayers);
     const gpt2::AttentionWeights<float>& w = packed[l];
     gpt2::KVCache<float>& cache = caches[l];
+    gpt2::KVCacheBF16& bf16_cache = bf16_caches[l];
     MatrixRef<float> qkv = ws.qkv.topRows(1), merged = ws.merged.topRows(1);
     MatrixRef<float> y = out;
     const Clock::time_point t0 = Clock::now();
     gpt2::detail::qkv_parallel<float>(w, x, qkv, ws, n_threads);
     const Clock::time_point t1 = Clock::now();
-    cache.append(qkv.middleCols(kC, kC), qkv.middleCols(2 * kC, kC));
+    if (bf16)
+      bf16_cache.append(qkv.middleCols(kC, kC), qkv.middleCols(2 * kC, kC));
+    else
+      cache.append(qkv.middleCols(kC, kC), qkv.middleCols(2 * kC, kC));
     const Clock::time_point t2 = Clock::now();
     const ConstMatrixRef<float> qkv_read = qkv;
     const gpt2::KVCache<float>& cached = cache;
-    gpt2::detail::attend_heads<float>(
-        config, qkv_read, [&](Index h) { return cached.keys(h); },
-        [&](Index h) { return cached.values(h); }, ws, merged, nullptr, n_threads);
+    if (bf16)
+      gpt2::detail::attend_decode_bf16(config, qkv_read, bf16_cache, ws, merged, n_threads);
+    else
+      gpt2::detail::attend_heads<float>(
+          config, qkv_read, [&](Index h) { return cached.keys(h); },
+          [&](Index h) { return cached.values(h); }, ws, merged, nullptr, n_threads);
     const Clock::time_point t3 = Clock::now();
     const ConstMatrixRef<float> merged_read = merged;
     gpt2::detail::proj_parallel<float>(w, merged_read, y, ws, n_threads);
     const Clock::time_point t4 = Clock::now();
     cache.truncate(kPast);
+    bf16_cache.truncate(kPast);
     if (step < 2 * kLayers) continue;  // warm-up: two passes over the layers
     total[0] += seconds(t0, t1);
     total[1] += seconds(t1, t2);
@@ -93,12 +114,13 @@ int main(int argc, char** argv) {
     ++timed;
   }
 
-  const double bytes[4] = {4.0 * kC * 3 * kC, 4.0 * 2 * kC, 4.0 * 2 * kC * (kPast + 1),
-                           4.0 * kC * kC};
+  const double w_bytes = bf16 ? 2.0 : 4.0;  // per weight, and per cached key or value
+  const double bytes[4] = {w_bytes * kC * 3 * kC, w_bytes * 2 * kC,
+                           w_bytes * 2 * kC * (kPast + 1), w_bytes * kC * kC};
   const char* names[4] = {"qkv projection", "cache append", "attention", "output projection"};
   double sum = 0;
-  std::printf("decode step from DRAM, %d thread(s), %d timed steps (12 layers cycled):\n",
-              n_threads, timed);
+  std::printf("decode step from DRAM, %s, %d thread(s), %d timed steps (12 layers cycled):\n",
+              bf16 ? "bf16 weights and KV cache" : "float32", n_threads, timed);
   for (int i = 0; i < 4; ++i) {
     const double us = total[i] / timed * 1e6;
     sum += us;

@@ -42,8 +42,12 @@ inline constexpr Index kWidenBlocks = 4;
 inline constexpr Index kWidenRows = kWidenBlocks * kernels::kKeyBlock;
 
 // dst[i] = the float32 value of bf16 bits src[i], i < n (exact).
-inline void widen_bf16(const std::uint16_t* src, Index n, float* dst) {
-  for (Index i = 0; i < n; ++i) dst[i] = kernels::bf16_to_float(src[i]);
+inline void widen_bf16(const std::uint16_t* src, Index n, float* dst, Index ahead = 0) {
+  for (Index i0 = 0; i0 < n; i0 += 32) {
+    if (ahead > 0) __builtin_prefetch(src + i0 + ahead, 0, 1);
+    const Index end = std::min<Index>(n, i0 + 32);
+    for (Index i = i0; i < end; ++i) dst[i] = kernels::bf16_to_float(src[i]);
+  }
 }
 
 // Everything about the call that can be checked before the workspace grows.
@@ -108,8 +112,9 @@ inline void attend_decode_bf16(const AttentionConfig& config, const ConstMatrixR
       const Index row0 = lo * kernels::kKeyBlock;
       const Index rows = std::min(hi * kernels::kKeyBlock, n_keys) - row0;
       const Index at = (row0 - page * kWidenRows) * hd;
-      widen_bf16(key_bits.data() + row0 * hd, rows * hd, keys + at);
-      widen_bf16(value_bits.data() + row0 * hd, rows * hd, values + at);
+      const Index ahead = hi < b1 ? kWidenRows * hd : 0;  // the next run's bits, while these are read
+      widen_bf16(key_bits.data() + row0 * hd, rows * hd, keys + at, ahead);
+      widen_bf16(value_bits.data() + row0 * hd, rows * hd, values + at, ahead);
       attention_row_partials<float>(q_view(qkv, config, h), kv, lo, hi,
                                     parts + (h * n_blocks + lo) * stride, scratch.attention);
       lo = hi;
