@@ -120,6 +120,31 @@ TEST(NoAllocBf16, ForwardsOnBf16WeightsAllocateNothingAfterTheFirst) {
   EXPECT_TRUE(out.allFinite());
 }
 
+// A bf16 KV cache: the first forward sizes the workspace (and its widening buffers); later
+// prefill chunks and decode steps allocate nothing, with float32 and bf16 weights.
+TEST(NoAllocBf16, ForwardsThroughABf16KVCacheAllocateNothingAfterTheFirst) {
+  const gpt2::test::Model<float> m = gpt2::test::random_model<float>(256, 4, 7);
+  const RowMatrix<float> x = gpt2::test::random_input<float>(300, 256, 8);
+  for (const gpt2::WeightDtype dtype : {gpt2::WeightDtype::float32, gpt2::WeightDtype::bf16}) {
+    SCOPED_TRACE(gpt2::dtype_name(dtype));
+    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(m.weights(), dtype);
+    gpt2::KVCacheBF16 cache(m.config, 300);
+    gpt2::Workspace<float> ws(m.config);
+    RowMatrix<float> out(300, 256);
+    gpt2::attention_forward<float>(w, x.topRows(64), cache, ws, out.topRows(64));  // the first
+    {
+      AllocationWatch watch;
+      gpt2::attention_forward<float>(w, x.middleRows(64, 36), cache, ws, out.middleRows(64, 36));
+      for (gpt2::Index t = 100; t < 300; ++t)
+        gpt2::attention_forward<float>(w, x.row(t), cache, ws, out.row(t));
+      EXPECT_EQ(watch.eigen(), 0) << "Eigen heap allocations";
+      EXPECT_EQ(watch.cxx(), 0) << "operator new calls";
+    }
+    EXPECT_EQ(cache.n_past(), 300);
+    EXPECT_TRUE(out.allFinite());
+  }
+}
+
 TEST(NoAllocControl, DetectorsSeeAllocations) {
   RowMatrix<float> a = RowMatrix<float>::Random(64, 64), b = RowMatrix<float>::Random(64, 64);
   int eigen_allocations = 0;

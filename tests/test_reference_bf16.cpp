@@ -4,7 +4,8 @@
 // against the float64 reference must be at most PyTorch's own bfloat16 error on the same case
 // (metadata torch_bf16_err_out: the sublayer with weights and input in torch.bfloat16, every op in
 // bf16, tests/reference/generate.py), and at most 5e-3 where PyTorch's is below that. The same for
-// merged (the heads before c_proj) where the fixture has PyTorch's figure. Prints the table
+// merged (the heads before c_proj) where the fixture has PyTorch's figure. The BF16Cache_ cases run
+// the same fixtures through a KVCacheBF16 (keys and values in bf16). Prints the table
 // docs/accuracy.md shows (lines starting with '|').
 #include <gtest/gtest.h>
 
@@ -81,7 +82,8 @@ std::vector<Index> integers(const std::string& csv) {
 
 // ours' error on `quantity` within the bar of PyTorch's bf16 error (metadata torch_bf16_err_*).
 void expect_within_torch_bf16(const Fixture& f, const std::string& quantity,
-                              const RowMatrix<float>& ours, const RowMatrix<double>& ref) {
+                              const RowMatrix<float>& ours, const RowMatrix<double>& ref,
+                              const std::string& label = "") {
   const std::string key = "torch_bf16_err_" + quantity;
   ASSERT_TRUE(f.has_meta(key)) << f.name() << " has no " << key;
   const double torch_err = f.number(key);
@@ -97,7 +99,7 @@ void expect_within_torch_bf16(const Fixture& f, const std::string& quantity,
     EXPECT_LE(err, 5e-3) << f.name() << " " << quantity;
   }
   if (quantity == "out")
-    table().push_back({f.name(), gpt2::isa_name(gpt2::active_isa()), err, torch_err});
+    table().push_back({f.name() + label, gpt2::isa_name(gpt2::active_isa()), err, torch_err});
 }
 
 RowMatrix<float> stored_rows(const Fixture& f, const RowMatrix<float>& all) {
@@ -116,8 +118,9 @@ class ReferenceBf16 : public ::testing::TestWithParam<Isa> {
   }
   void TearDown() override { gpt2::reset_isa(); }
 
-  // One forward (kind whole) or the fixture's chunks through a KVCache (kind past).
-  void check(const std::string& name) {
+  // One forward (kind whole) or the fixture's chunks through a KVCache (kind past); with
+  // bf16_cache, through a KVCacheBF16 (kind whole: in one chunk).
+  void check(const std::string& name, bool bf16_cache = false) {
     const Fixture f(name);
     const std::unique_ptr<CaseInputs<float>> in = inputs_for<float>(f);
     if (!in) GTEST_SKIP() << "GPT2_SMALL_WEIGHTS not set: skipping the real GPT-2 weights test " << name;
@@ -127,6 +130,18 @@ class ReferenceBf16 : public ::testing::TestWithParam<Isa> {
     RowMatrix<float> out(T_, C);
     gpt2::Workspace<float> ws(w.config(), T_);
     const bool past = f.has_meta("kind") && f.meta("kind") == "past";
+    if (bf16_cache) {
+      gpt2::KVCacheBF16 cache(w.config(), T_);
+      Index pos = 0;
+      for (const Index n : past ? integers(f.meta("chunks")) : std::vector<Index>{T_}) {
+        gpt2::attention_forward<float>(w, in->x.middleRows(pos, n), cache, ws, out.middleRows(pos, n));
+        pos += n;
+      }
+      ASSERT_EQ(pos, T_);
+      ASSERT_TRUE(out.allFinite());
+      expect_within_torch_bf16(f, "out", stored_rows(f, out), f.matrix("out"), " (bf16 KV cache)");
+      return;
+    }
     if (past) {
       gpt2::KVCache<float> cache(w.config(), T_);
       Index pos = 0;
@@ -159,6 +174,13 @@ TEST_P(ReferenceBf16, Past_Tiny) { check("past_tiny"); }
 TEST_P(ReferenceBf16, Past_Small_T40) { check("past_small_T40"); }
 TEST_P(ReferenceBf16, Past_Small_DecodeWith1023Cached) { check("past_small_T1024"); }
 TEST_P(ReferenceBf16, Past_RealGpt2Layer0) { check("past_gpt2_layer0_T64"); }
+// The same cases through a bf16 KV cache (KVCacheBF16): its rounding of k and v is PyTorch's too.
+TEST_P(ReferenceBf16, BF16Cache_Small_T1024) { check("small_T1024", true); }
+TEST_P(ReferenceBf16, BF16Cache_RealGpt2Layer0_T1024) { check("gpt2_layer0_T1024", true); }
+TEST_P(ReferenceBf16, BF16Cache_Past_Tiny) { check("past_tiny", true); }
+TEST_P(ReferenceBf16, BF16Cache_Past_Small_T40) { check("past_small_T40", true); }
+TEST_P(ReferenceBf16, BF16Cache_Past_Small_DecodeWith1023Cached) { check("past_small_T1024", true); }
+TEST_P(ReferenceBf16, BF16Cache_Past_RealGpt2Layer0) { check("past_gpt2_layer0_T64", true); }
 
 INSTANTIATE_TEST_SUITE_P(Levels, ReferenceBf16,
                          ::testing::Values(Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16,

@@ -41,10 +41,13 @@ namespace detail {
 inline constexpr Index kWidenBlocks = 4;
 inline constexpr Index kWidenRows = kWidenBlocks * kernels::kKeyBlock;
 
-// dst[i] = the float32 value of bf16 bits src[i], i < n (exact).
+// dst[i] = the float32 value of bf16 bits src[i], i < n (exact); prefetches the bits `ahead`
+// elements on as it goes (0: none).
 inline void widen_bf16(const std::uint16_t* src, Index n, float* dst, Index ahead = 0) {
   for (Index i0 = 0; i0 < n; i0 += 32) {
+#if defined(__GNUC__) || defined(__clang__)
     if (ahead > 0) __builtin_prefetch(src + i0 + ahead, 0, 1);
+#endif
     const Index end = std::min<Index>(n, i0 + 32);
     for (Index i = i0; i < end; ++i) dst[i] = kernels::bf16_to_float(src[i]);
   }
