@@ -10,13 +10,17 @@
 // cache: bitwise at the vector levels; with bf16 weights at the amx level, prefill tiles of 16 rows
 // or more run the AMX core, see docs/bf16.md).
 //
-// Decode steps (one new row, no probabilities) read the cache once: every head's key blocks are
-// widened kWidenBlocks blocks at a time into the thread's scratch (L2-resident), each block's
-// partial computed there, and the partials merged in block order (the bits of the unsplit tile,
-// kernels/attention_tile.hpp). Longer forwards widen each (head, row tile)'s visible keys whole.
+// Decode steps (one new row, no probabilities) read the cache once, each 64-key block giving a
+// partial, and merge the partials in block order (the bits of the unsplit tile,
+// kernels/attention_tile.hpp). At avx512 and up the kernel reads the bf16 keys and values in place
+// (row_partials_kv_bf16, widening in registers); elsewhere each head's blocks are widened
+// kWidenBlocks at a time into the thread's scratch (L2-resident) and read there. Longer forwards
+// widen each (head, row tile)'s visible keys whole.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -24,6 +28,7 @@
 #include "gpt2/error.hpp"
 #include "gpt2/forward.hpp"
 #include "gpt2/kernels/bf16.hpp"
+#include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kv_cache_bf16.hpp"
 #include "gpt2/parallel.hpp"
 #include "gpt2/projection.hpp"
@@ -78,6 +83,36 @@ inline void check_cached_forward_bf16(const AttentionWeights<float>& w,
     throw ShapeError("probs: must not overlap the KV cache");
 }
 
+// The partials of q's one row (position n_keys - 1; q [T, head_dim], its last row) over key
+// blocks [block_begin, block_end) of one head's bf16 keys and values [n_keys, head_dim], read in
+// place by the level's row_partials_kv_bf16 (bitwise attention_row_partials on the widened values).
+// False (nothing done) where the level has no such kernel.
+inline bool row_partials_kv_bf16(const ConstMatrixRef<float>& q,
+                                 const KVCacheBF16::ConstBitsRef& keys,
+                                 const KVCacheBF16::ConstBitsRef& values, Index block_begin,
+                                 Index block_end, float* parts, AttentionScratch<float>& scratch) {
+  const kernels::FloatKernels* kern = vector_kernels<float>();
+  if (kern == nullptr || kern->row_partials_kv_bf16 == nullptr) return false;
+  scratch.reserve_tile(q.cols());
+  const std::uint16_t* key_page = keys.data();
+  const std::uint16_t* value_page = values.data();
+  kernels::AttentionTile<float> t;
+  t.rows = 1;
+  t.first_pos = keys.rows() - 1;
+  t.head_dim = q.cols();
+  t.q = q.data() + (q.rows() - 1) * q.outerStride();
+  t.ldq = q.outerStride();
+  t.scale = 1.0f / std::sqrt(static_cast<float>(q.cols()));
+  t.scratch = scratch.tile();
+  t.key_pages_bf16 = &key_page;
+  t.value_pages_bf16 = &value_page;
+  t.page_rows = keys.rows();  // one page
+  t.key_stride = keys.outerStride();
+  t.value_stride = values.outerStride();
+  kern->row_partials_kv_bf16(t, block_begin, block_end, parts);
+  return true;
+}
+
 // A decode step's attention: merged [1, C] from q (in qkv [1, 3C]) over the cache's n_keys
 // positions (the new one included), on n_threads threads. Each task is one head's run of key
 // blocks; each widens kWidenBlocks blocks at a time into its thread's kv_widened and writes their
@@ -95,6 +130,10 @@ inline void attend_decode_bf16(const AttentionConfig& config, const ConstMatrixR
     const Index h = task / chunks, c = task % chunks;
     const Index b0 = c * n_blocks / chunks, b1 = (c + 1) * n_blocks / chunks;
     ThreadScratch<float>& scratch = ws.threads[static_cast<std::size_t>(thread)];
+    const KVCacheBF16::ConstBitsRef key_bits = cache.key_bits(h), value_bits = cache.value_bits(h);
+    if (row_partials_kv_bf16(q_view(qkv, config, h), key_bits, value_bits, b0, b1,
+                             parts + (h * n_blocks + b0) * stride, scratch.attention))
+      return;
     float* keys = scratch.kv_widened.data();
     float* values = keys + kWidenRows * hd;
     // Page s of the table is rows [s * kWidenRows, (s + 1) * kWidenRows): always the buffer,
@@ -108,7 +147,6 @@ inline void attend_decode_bf16(const AttentionConfig& config, const ConstMatrixR
     kv.row_stride = hd;
     kv.n_keys = n_keys;
     kv.head_dim = hd;
-    const KVCacheBF16::ConstBitsRef key_bits = cache.key_bits(h), value_bits = cache.value_bits(h);
     for (Index lo = b0; lo < b1;) {
       const Index page = lo / kWidenBlocks;
       const Index hi = std::min(b1, (page + 1) * kWidenBlocks);

@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "gpt2/types.hpp"
@@ -63,6 +64,10 @@ struct AttentionTile {
   Index ldo = 0;
   T* scratch = nullptr;  // attention_scratch_size<T>(head_dim) scalars, 64-byte aligned
   bool bf16 = false;     // the products in bf16 (bf16 weights): the amx level's AMX core
+  // Keys and values as bf16 bits (a KVCacheBF16), read instead of key_pages and value_pages by the
+  // kernels that take them (FloatKernels::row_partials_kv_bf16); strides then in bf16 elements.
+  const std::uint16_t* const* key_pages_bf16 = nullptr;
+  const std::uint16_t* const* value_pages_bf16 = nullptr;
 };
 
 // head_dim rounded up to a multiple of 16 (the width of one row of qs and o in the scratch).

@@ -58,8 +58,20 @@ GPT2_KERNEL_AVX512 inline void transpose16(__m512 (&r)[16]) {
   }
 }
 
-// kt[d][j] = rows[j][d] for j < n, 0 for n <= j < kKeyBlock; d < head_dim.
-GPT2_KERNEL_AVX512 inline void pack_keys_t(const float* const* rows, Index n, Index head_dim,
+// The 16 elements at p (lanes in m; the others 0) as floats: float32 as they are, bf16 bits widened
+// (exact). The float core reads float32 keys and values; a bf16 KV cache's decode steps read bf16.
+GPT2_KERNEL_AVX512 inline __m512 load16(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+GPT2_KERNEL_AVX512 inline __m512 load16(const std::uint16_t* p, __mmask16 m) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// kt[d][j] = rows[j][d] for j < n, 0 for n <= j < kKeyBlock; d < head_dim (rows of float32 or of
+// bf16 bits, E).
+template <class E>
+GPT2_KERNEL_AVX512 inline void pack_keys_t(const E* const* rows, Index n, Index head_dim,
                                            float* kt) {
   __m512 r[16];
   for (Index j0 = 0; j0 < kKeyBlock; j0 += 16) {
@@ -67,7 +79,7 @@ GPT2_KERNEL_AVX512 inline void pack_keys_t(const float* const* rows, Index n, In
       const __mmask16 dm = lanes(d0, head_dim);
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < n ? _mm512_maskz_loadu_ps(dm, rows[j0 + i] + d0) : _mm512_setzero_ps();
+        r[i] = j0 + i < n ? load16(rows[j0 + i] + d0, dm) : _mm512_setzero_ps();
       transpose16(r);
       const Index dn = std::min<Index>(16, head_dim - d0);
       for (Index i = 0; i < dn; ++i) _mm512_store_ps(kt + (d0 + i) * kKeyBlock + j0, r[i]);
@@ -273,10 +285,10 @@ GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const float* co
 // bits are the per-block path's.
 
 // o[d0 .. d0 + 16 V) merged with the p v of NB blocks (values vrow[i][j], keys n[i]; only the last
-// block may be partial).
-template <int NB, int V>
+// block may be partial; values float32 or bf16 bits, E).
+template <int NB, int V, class E>
 GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeBlocks],
-                                             const float* const (&vrow)[kDecodeBlocks][kKeyBlock],
+                                             const E* const (&vrow)[kDecodeBlocks][kKeyBlock],
                                              const AttentionTile<float>& t,
                                              TileScratch<float>& ts, float* parts) {
   __mmask16 dm[V];
@@ -294,8 +306,7 @@ GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeB
       const __m512 pj = _mm512_set1_ps(ts.p[i * kKeyBlock + j]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[i][j] + d0 + 16 * v),
-                                    acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(pj, load16(vrow[i][j] + d0 + 16 * v, dm[v]), acc[i][v]);
     }
   for (; j < kKeyBlock; ++j)  // the full blocks' last keys (the last block is partial)
 #pragma GCC unroll 4
@@ -303,8 +314,7 @@ GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeB
       const __m512 pj = _mm512_set1_ps(ts.p[i * kKeyBlock + j]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[i][j] + d0 + 16 * v),
-                                    acc[i][v]);
+        acc[i][v] = _mm512_fmadd_ps(pj, load16(vrow[i][j] + d0 + 16 * v, dm[v]), acc[i][v]);
     }
   const Index stride = partial_stride(t.head_dim);
 #pragma GCC unroll 4
@@ -315,20 +325,23 @@ GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeB
 }
 
 // The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
-// (partial_stride apart).
-template <int NB>
+// (partial_stride apart). Keys and values from key_pages, value_pages (t's page_rows and strides):
+// float32, or bf16 bits (E = std::uint16_t: the same arithmetic on the widened values).
+template <int NB, class E>
 GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, const AttentionTile<float>& t,
+                                               const E* const* key_pages,
+                                               const E* const* value_pages,
                                                TileScratch<float>& ts, float* parts) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd);
   Index n[kDecodeBlocks] = {};
-  const float* krow[kKeyBlock];
-  const float* vrow[kDecodeBlocks][kKeyBlock];
+  const E* krow[kKeyBlock];
+  const E* vrow[kDecodeBlocks][kKeyBlock];
   for (int i = 0; i < NB; ++i) {
     const Index bi = b0 + i * kKeyBlock;
     n[i] = visible_in_block(t.first_pos, bi);
-    page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, bi, n[i], krow);
+    page_rows_of<E>(key_pages, t.page_rows, t.key_stride, bi, n[i], krow);
     pack_keys_t(krow, n[i], hd, ts.kt + i * hdp * kKeyBlock);
-    page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, bi, n[i], vrow[i]);
+    page_rows_of<E>(value_pages, t.page_rows, t.value_stride, bi, n[i], vrow[i]);
   }
   __m512 acc[NB][4];
 #pragma GCC unroll 4
@@ -382,17 +395,38 @@ GPT2_KERNEL_AVX512 inline void init_row(const AttentionTile<float>& t, TileScrat
   ts.l[0] = 0.0f;
 }
 
-// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
-GPT2_KERNEL_AVX512 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
-                                            Index block_end, float* parts) {
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end), keys
+// and values in the given pages (float32 or bf16 bits).
+template <class E>
+GPT2_KERNEL_AVX512 inline void row_partials_of(const AttentionTile<float>& t,
+                                               const E* const* key_pages,
+                                               const E* const* value_pages, Index block_begin,
+                                               Index block_end, float* parts) {
   TileScratch<float> ts(t.scratch, t.head_dim);
   init_row(t, ts);
   const Index stride = partial_stride(t.head_dim);
   Index b = block_begin;
   for (; b + kDecodeBlocks <= block_end; b += kDecodeBlocks)
-    decode_partials<kDecodeBlocks>(b * kKeyBlock, t, ts, parts + (b - block_begin) * stride);
+    decode_partials<kDecodeBlocks>(b * kKeyBlock, t, key_pages, value_pages, ts,
+                                   parts + (b - block_begin) * stride);
   static_assert(kDecodeBlocks == 2, "the remainder below is one block");
-  if (b < block_end) decode_partials<1>(b * kKeyBlock, t, ts, parts + (b - block_begin) * stride);
+  if (b < block_end)
+    decode_partials<1>(b * kKeyBlock, t, key_pages, value_pages, ts,
+                       parts + (b - block_begin) * stride);
+}
+
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
+GPT2_KERNEL_AVX512 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
+                                            Index block_end, float* parts) {
+  row_partials_of(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
+}
+
+// The same with keys and values as bf16 bits (t.key_pages_bf16, t.value_pages_bf16; strides in
+// bf16 elements): a bf16 KV cache's decode step, bitwise row_partials on the widened values.
+GPT2_KERNEL_AVX512 inline void row_partials_kv_bf16(const AttentionTile<float>& t,
+                                                    Index block_begin, Index block_end,
+                                                    float* parts) {
+  row_partials_of(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
 }
 
 // The tile's one row from its n_blocks partials (blocks 0 .., merged in order): t.out.
@@ -618,9 +652,9 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     float* parts = ts.vb;  // kDecodeBlocks partials at a time
     for (Index b = 0; b < blocks; b += kDecodeBlocks) {
       if (b + kDecodeBlocks <= blocks)
-        decode_partials<kDecodeBlocks>(b * kKeyBlock, t, ts, parts);
+        decode_partials<kDecodeBlocks>(b * kKeyBlock, t, t.key_pages, t.value_pages, ts, parts);
       else
-        decode_partials<1>(b * kKeyBlock, t, ts, parts);
+        decode_partials<1>(b * kKeyBlock, t, t.key_pages, t.value_pages, ts, parts);
       for (Index i = 0; i < std::min(kDecodeBlocks, blocks - b); ++i)
         fold_partial(parts + i * stride, hd, ts);
     }
