@@ -295,4 +295,75 @@ TEST(KVCacheBF16, CloseToTheFloatCache) {
   EXPECT_FALSE((out.array() == expected.array()).all());  // the rounding is really there
 }
 
+// A padded batch through one KVCacheBF16 per sequence: each sequence's rows are bitwise its
+// forward through its own bf16 cache alone, caches included (prefill chunks, decode steps,
+// sequences sitting a step out, the three ways of passing the caches), with float32 and bf16
+// weights; an error in the last sequence changes no cache.
+TEST(KVCacheBF16Batch, EachSequenceIsBitwiseItsForwardAlone) {
+  const auto model = random_model<float>(256, 4, 16);
+  for (const gpt2::WeightDtype dtype : {gpt2::WeightDtype::float32, gpt2::WeightDtype::bf16}) {
+    SCOPED_TRACE(gpt2::dtype_name(dtype));
+    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights(), dtype);
+    const Index B = 5, C = 256;
+    const std::vector<Index> past = {0, 3, 70, 300, 1};
+    std::vector<KVCacheBF16> caches, alone;
+    gpt2::Workspace<float> ws(w.config()), ws_alone(w.config());
+    for (Index b = 0; b < B; ++b) {
+      caches.emplace_back(w.config(), past[b] + 20);
+      alone.emplace_back(w.config(), past[b] + 20);
+      if (past[b] == 0) continue;
+      const RowMatrix<float> prompt = random_input<float>(past[b], C, static_cast<unsigned>(17 + b));
+      RowMatrix<float> prompt_out(past[b], C);
+      gpt2::attention_forward<float>(w, prompt, caches[b], ws_alone, prompt_out);
+      gpt2::attention_forward<float>(w, prompt, alone[b], ws_alone, prompt_out);
+    }
+    // a prefill chunk of up to 6 rows (left padded, one sequence idle), then decode steps
+    const std::vector<gpt2::BatchLayout> steps = {
+        gpt2::BatchLayout::left_padded(6, {6, 2, 0, 5, 1}), gpt2::BatchLayout::full(B, 1),
+        gpt2::BatchLayout(1, {0, 0, 0, 0, 0}, {1, 0, 1, 1, 1}), gpt2::BatchLayout::full(B, 1)};
+    unsigned seed = 30;
+    int way = 0;
+    for (const gpt2::BatchLayout& layout : steps) {
+      RowMatrix<float> x = random_input<float>(layout.rows(), C, seed++);
+      RowMatrix<float> out = RowMatrix<float>::Constant(layout.rows(), C, -1.0f);
+      if (way == 0) {
+        gpt2::attention_forward<float>(w, x, layout, caches, ws, out);
+      } else if (way == 1) {
+        std::vector<KVCacheBF16*> pointers;
+        for (KVCacheBF16& c : caches) pointers.push_back(&c);
+        gpt2::attention_forward<float>(w, x, layout, pointers, ws, out);
+      } else {
+        KVCacheBF16* pointers[B] = {&caches[0], &caches[1], &caches[2], &caches[3], &caches[4]};
+        gpt2::attention_forward<float>(w, x, layout, pointers, ws, out);
+      }
+      way = (way + 1) % 3;
+      for (Index b = 0; b < B; ++b) {
+        const Index n = layout.length(b);
+        if (n == 0) {
+          EXPECT_TRUE((out.middleRows(b * layout.tokens(), layout.tokens()).array() == 0.0f).all());
+          continue;
+        }
+        RowMatrix<float> expected(n, C);
+        gpt2::attention_forward<float>(w, x.middleRows(layout.first_row(b), n), alone[b], ws_alone,
+                                       expected);
+        EXPECT_TRUE((out.middleRows(layout.first_row(b), n).array() == expected.array()).all())
+            << "sequence " << b << ": " << near(out.middleRows(layout.first_row(b), n), expected, 0);
+        ASSERT_EQ(caches[b].n_past(), alone[b].n_past());
+        for (Index h = 0; h < 4; ++h) {
+          EXPECT_TRUE((caches[b].key_bits(h).array() == alone[b].key_bits(h).array()).all());
+          EXPECT_TRUE((caches[b].value_bits(h).array() == alone[b].value_bits(h).array()).all());
+        }
+      }
+    }
+    // the last sequence's cache is full: CapacityError naming it, no cache changed
+    const gpt2::BatchLayout too_long = gpt2::BatchLayout::full(B, 20);
+    const RowMatrix<float> x = random_input<float>(too_long.rows(), C, 60);
+    RowMatrix<float> out(too_long.rows(), C);
+    std::vector<Index> before;
+    for (const KVCacheBF16& c : caches) before.push_back(c.n_past());
+    EXPECT_THROW(gpt2::attention_forward<float>(w, x, too_long, caches, ws, out), gpt2::CapacityError);
+    for (Index b = 0; b < B; ++b) EXPECT_EQ(caches[b].n_past(), before[b]);
+  }
+}
+
 }  // namespace

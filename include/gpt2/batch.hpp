@@ -18,12 +18,24 @@
 #include "gpt2/error.hpp"
 #include "gpt2/forward.hpp"
 #include "gpt2/incremental.hpp"
+#include "gpt2/incremental_bf16.hpp"
 #include "gpt2/kv_cache.hpp"
+#include "gpt2/kv_cache_bf16.hpp"
 #include "gpt2/types.hpp"
 #include "gpt2/weights.hpp"
 #include "gpt2/workspace.hpp"
 
 namespace gpt2 {
+
+namespace detail {
+// The KV caches a forward on weights of scalar T takes: KVCache<T>, and KVCacheBF16 for float.
+template <class Cache, class T>
+struct is_kv_cache_for : std::false_type {};
+template <class T>
+struct is_kv_cache_for<KVCache<T>, T> : std::true_type {};
+template <>
+struct is_kv_cache_for<KVCacheBF16, float> : std::true_type {};
+}  // namespace detail
 
 // Which rows of a padded [B, T, C] batch hold real tokens. Cheap to copy; set() changes one
 // sequence without allocating (reuse one layout across decode steps).
@@ -225,7 +237,8 @@ void run_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, const B
   }
 }
 
-// run_group over KVCaches: each sequence's keys and values appended to its cache, then attended.
+// run_group over KV caches (KVCache<T>, or KVCacheBF16 for float): each sequence's keys and values
+// appended to its cache, then attended.
 // appended: sequences whose caches have been appended to (all of 0 .. appended - 1).
 template <class T, class CacheAt>
 void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
@@ -234,13 +247,11 @@ void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
   const Index C = w.n_embd();
   run_group<T>(w, x, batch, b0, b1, rows, ws, out,
                [&](Index b, const ConstMatrixRef<T>& qkv_b, MatrixRef<T>& merged_b, int n_threads) {
-                 KVCache<T>& cache = caches(b);
+                 auto& cache = caches(b);  // a KVCache<T> or a KVCacheBF16
                  cache.append(qkv_b.middleCols(C, C), qkv_b.middleCols(2 * C, C));
                  appended = b + 1;
-                 const KVCache<T>& cached = cache;
-                 attend_heads<T>(
-                     w.config(), qkv_b, [&](Index h) { return cached.keys(h); },
-                     [&](Index h) { return cached.values(h); }, ws, merged_b, nullptr, n_threads);
+                 MatrixRef<T>* const no_probs = nullptr;
+                 attend_cached(w.config(), qkv_b, cache, ws, merged_b, no_probs, n_threads);
                });
   appended = b1;
 }
@@ -258,7 +269,7 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
   check_workspace(w, ws);
   Index max_keys = 0;
   for (Index b = 0; b < B; ++b) {
-    KVCache<T>& cache = caches(b);
+    auto& cache = caches(b);
     for (Index a = 0; a < b && !distinct; ++a)
       if (&caches(a) == &cache)
         throw ShapeError("caches: sequences " + std::to_string(a) + " and " + std::to_string(b) +
@@ -266,7 +277,8 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
     const ConstMatrixRef<T> x_b = x.middleRows(batch.first_row(b), batch.length(b));
     MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
     try {
-      check_cached_forward<T>(w, x_b, cache, ws, out_b, nullptr);
+      const MatrixRef<T>* const no_probs = nullptr;
+      check_cached_forward(w, x_b, cache, ws, out_b, no_probs);
     } catch (...) {
       rethrow_for_sequence(b);
     }
@@ -274,6 +286,8 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
   }
   const Index group_rows = batch_workspace_rows<T>(batch);
   ws.reserve(group_rows, std::max(max_keys, group_rows));
+  for (Index b = 0; b < B; ++b)
+    if (batch.length(b) > 0) reserve_cache_scratch(ws, caches(b), batch.length(b), false);
   for (Index b = 0; b < B; ++b) {
     // Sequence by sequence, its real rows of out and the workspace rows its forward uses. With
     // row-exact projections the groups use up to group_rows rows of it, read x's real rows after
@@ -354,36 +368,40 @@ void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
 // min(real rows, 256)) tokens and max(R, largest cache capacity) keys; it grows on the first call
 // if smaller (e.g. Workspace(config, std::min<Index>(B, 256), std::max<Index>(..., capacity)) for
 // B decoding sequences), then allocates nothing. x and out (padding included) must not overlap it.
-template <class T, class D>
+// The caches may be KVCache<T>, or KVCacheBF16 for float (keys and values in bf16: each
+// sequence's rows get the bits its forward through that cache alone gives).
+template <class T, class D, class Cache,
+          std::enable_if_t<detail::is_kv_cache_for<Cache, T>::value, int> = 0>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, std::vector<KVCache<T>>& caches,
+                       const BatchLayout& batch, std::vector<Cache>& caches,
                        Workspace<T>& ws, MatrixRef<T> out) {
   if (static_cast<Index>(caches.size()) != batch.batch())
     throw ShapeError("caches: expected one KV cache per sequence (" +
                      std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
   detail::batch_forward_cached<T>(
       w, detail::as_view<T>(x), batch,
-      [&](Index b) -> KVCache<T>& { return caches[static_cast<std::size_t>(b)]; }, true, ws,
-      out);
+      [&](Index b) -> Cache& { return caches[static_cast<std::size_t>(b)]; }, true, ws, out);
 }
 
 // Same, with the caches held elsewhere: caches[b] points at sequence b's cache, for the
 // batch.batch() entries of a plain array (e.g. one layer's column of a [B][n_layer] table).
-template <class T, class D>
+template <class T, class D, class Cache,
+          std::enable_if_t<detail::is_kv_cache_for<Cache, T>::value, int> = 0>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, KVCache<T>* const* caches, Workspace<T>& ws,
+                       const BatchLayout& batch, Cache* const* caches, Workspace<T>& ws,
                        MatrixRef<T> out) {
   for (Index b = 0; b < batch.batch(); ++b)
     if (caches[b] == nullptr) throw ShapeError("caches: entry " + std::to_string(b) + " is null");
   detail::batch_forward_cached<T>(
-      w, detail::as_view<T>(x), batch, [&](Index b) -> KVCache<T>& { return *caches[b]; }, false,
-      ws, out);
+      w, detail::as_view<T>(x), batch, [&](Index b) -> Cache& { return *caches[b]; }, false, ws,
+      out);
 }
 
 // Same, with a vector of B pointers.
-template <class T, class D>
+template <class T, class D, class Cache,
+          std::enable_if_t<detail::is_kv_cache_for<Cache, T>::value, int> = 0>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, const std::vector<KVCache<T>*>& caches,
+                       const BatchLayout& batch, const std::vector<Cache*>& caches,
                        Workspace<T>& ws, MatrixRef<T> out) {
   if (static_cast<Index>(caches.size()) != batch.batch())
     throw ShapeError("caches: expected one KV cache per sequence (" +

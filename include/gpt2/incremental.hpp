@@ -56,6 +56,22 @@ void check_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
     throw ShapeError("probs: must not overlap the KV cache");
 }
 
+// What a forward through a KVCache needs beyond Workspace::reserve: nothing (KVCacheBF16's
+// overload grows widening buffers).
+template <class T>
+void reserve_cache_scratch(Workspace<T>&, const KVCache<T>&, Index, bool) {}
+
+// Heads of the new rows (qkv [T_new, 3C]) over the cache, which holds their keys and values by
+// then: merged [T_new, C] (and probs).
+template <class T>
+void attend_cached(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
+                   const KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T>& merged,
+                   MatrixRef<T>* probs, int n_threads) {
+  attend_heads<T>(
+      config, qkv, [&](Index h) { return cache.keys(h); },
+      [&](Index h) { return cache.values(h); }, ws, merged, probs, n_threads);
+}
+
 // The cached forward, after both checks with a workspace grown to T_new tokens and
 // cache.capacity() keys. Appends T_new positions to the cache. Every check has passed by then, so
 // nothing is expected to throw; if anything does, the cache is rolled back to n_past positions.

@@ -60,10 +60,9 @@ inline void widen_bf16(const std::uint16_t* src, Index n, float* dst, Index ahea
 
 // Everything about the call that can be checked before the workspace grows.
 //   x [T_new, C], out [T_new, C], probs (or null) [n_head * T_new, n_past + T_new]
-inline void check_cached_forward_bf16(const AttentionWeights<float>& w,
-                                      const ConstMatrixRef<float>& x, const KVCacheBF16& cache,
-                                      const Workspace<float>& ws, const MatrixRef<float>& out,
-                                      const MatrixRef<float>* probs) {
+inline void check_cached_forward(const AttentionWeights<float>& w, const ConstMatrixRef<float>& x,
+                                 const KVCacheBF16& cache, const Workspace<float>& ws,
+                                 const MatrixRef<float>& out, const MatrixRef<float>* probs) {
   const Index T_new = x.rows(), C = w.n_embd(), n_keys = cache.n_past() + T_new;
   check_shape("x", {T_new, C}, {x.rows(), x.cols()});
   check_shape("out", {T_new, C}, {out.rows(), out.cols()});
@@ -205,6 +204,29 @@ inline void attend_rows_bf16(const AttentionConfig& config, const ConstMatrixRef
   });
 }
 
+// Grows every thread's widening buffers for a forward of T_new rows through `cache` (decode steps
+// widen kWidenRows keys at a time, longer forwards a whole head's), before any thread starts.
+inline void reserve_cache_scratch(Workspace<float>& ws, const KVCacheBF16& cache, Index T_new,
+                                  bool probs) {
+  const bool decode = T_new == 1 && !probs;
+  const Index rows = decode ? kWidenRows : std::max<Index>(cache.capacity(), 1);
+  const Index pages = (cache.capacity() + kWidenRows - 1) / kWidenRows + 1;
+  for (ThreadScratch<float>& t : ws.threads)
+    t.reserve_kv_widened(rows, cache.config().head_dim(), pages);
+}
+
+// Heads of T_new new rows (qkv [T_new, 3C]) after their keys and values joined the cache (which
+// now holds n_keys positions, theirs the last T_new): merged [T_new, C] (and probs). Workspace
+// grown (reserve, reserve_cache_scratch) before.
+inline void attend_cached(const AttentionConfig& config, const ConstMatrixRef<float>& qkv,
+                          const KVCacheBF16& cache, Workspace<float>& ws, MatrixRef<float>& merged,
+                          MatrixRef<float>* probs, int n_threads) {
+  if (qkv.rows() == 1 && probs == nullptr)
+    attend_decode_bf16(config, qkv, cache, ws, merged, n_threads);
+  else
+    attend_rows_bf16(config, qkv, cache, ws, merged, probs, n_threads);
+}
+
 // The forward, once checked, with a workspace grown for it. Appends T_new positions; if anything
 // throws after that, the cache is rolled back to n_past positions.
 inline void run_cached_forward_bf16(const AttentionWeights<float>& w,
@@ -220,10 +242,7 @@ inline void run_cached_forward_bf16(const AttentionWeights<float>& w,
   cache.append(qkv.middleCols(C, C), qkv.middleCols(2 * C, C));
   try {
     const ConstMatrixRef<float> qkv_read = qkv;
-    if (T_new == 1 && probs == nullptr)
-      attend_decode_bf16(w.config(), qkv_read, cache, ws, merged, n_threads);
-    else
-      attend_rows_bf16(w.config(), qkv_read, cache, ws, merged, probs, n_threads);
+    attend_cached(w.config(), qkv_read, cache, ws, merged, probs, n_threads);
     const ConstMatrixRef<float> merged_read = merged;
     proj_parallel<float>(w, merged_read, out, ws, n_threads);
   } catch (...) {
@@ -236,13 +255,9 @@ inline void attention_forward_cached_bf16(const AttentionWeights<float>& w,
                                           const ConstMatrixRef<float>& x, KVCacheBF16& cache,
                                           Workspace<float>& ws, MatrixRef<float>& out,
                                           MatrixRef<float>* probs) {
-  check_cached_forward_bf16(w, x, cache, ws, out, probs);
+  check_cached_forward(w, x, cache, ws, out, probs);
   ws.reserve(x.rows(), cache.capacity());  // the first call sizes it for the whole cache
-  // Decode steps widen kWidenRows keys at a time; longer forwards a whole head's.
-  const bool decode = x.rows() == 1 && probs == nullptr;
-  const Index rows = decode ? kWidenRows : std::max<Index>(cache.capacity(), 1);
-  const Index pages = (cache.capacity() + kWidenRows - 1) / kWidenRows + 1;
-  for (ThreadScratch<float>& t : ws.threads) t.reserve_kv_widened(rows, w.config().head_dim(), pages);
+  reserve_cache_scratch(ws, cache, x.rows(), probs != nullptr);
   check_workspace_overlap<float>(ws, x.rows(), out, probs);
   run_cached_forward_bf16(w, x, cache, ws, out, probs);
 }
