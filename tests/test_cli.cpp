@@ -227,6 +227,19 @@ struct Layer {
                                       gpt2::ConstVectorMap<T>(pb.data(), pb.size()));
     return probs ? gpt2::attention(w, x, *probs) : gpt2::attention(w, x);
   }
+
+  // The library's float output through a KVCacheBF16, all of x in one chunk.
+  RowMatrix<float> forward_bf16_cache(const RowMatrix<float>& x, Index n_head) const {
+    const gpt2::AttentionWeights<float> w(
+        gpt2::make_config(kC, n_head), gpt2::view(c_attn_weight),
+        gpt2::ConstVectorMap<float>(c_attn_bias.data(), c_attn_bias.size()), gpt2::view(c_proj_weight),
+        gpt2::ConstVectorMap<float>(c_proj_bias.data(), c_proj_bias.size()));
+    gpt2::KVCacheBF16 cache(w.config(), x.rows());
+    gpt2::Workspace<float> ws(w.config());
+    RowMatrix<float> out(x.rows(), kC);
+    gpt2::attention_forward<float>(w, x, cache, ws, out);
+    return out;
+  }
 };
 
 // Reads a .npy file, checking its dtype and shape.
@@ -621,6 +634,51 @@ TEST_F(CliTest, RunBf16PrefillMatchesThePlainRun) {
   }
 }
 
+// run --prefill N --kv-cache bf16: the caches hold keys and values in bf16. Y (and P) are the
+// same bytes for every N at the vector levels (within the file's tolerance at generic), they are
+// the library's forward through a KVCacheBF16, and they differ from the f32 cache's by the
+// rounding of k and v. The flag's usage errors write nothing.
+TEST_F(CliTest, RunKvCacheBf16IsTheLibrarysBf16CacheForward) {
+  const std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "x.npy",
+                                         "--n-head", "4", "--kv-cache", "bf16"};
+  std::vector<std::string> whole = args;
+  whole.insert(whole.end(), {"--output", "y.npy", "--probs", "p.npy", "--prefill", std::to_string(kT)});
+  ASSERT_EQ(cli(whole).status, 0);
+  const RowMatrix<float> y = read_npy_matrix<float>(file("y.npy"), kT, kC);
+  EXPECT_TRUE(gpt2::test::near(y, layer0.forward_bf16_cache(x, kHeads), kFloatTol));
+  const RowMatrix<float> y_f32_cache = layer0.forward<float>(x, kHeads);
+  EXPECT_FALSE(gpt2::test::near(y, y_f32_cache, kFloatTol));  // the rounding is there
+  EXPECT_TRUE(gpt2::test::near(y, y_f32_cache, 2e-2));
+  for (const Index n : {Index{0}, Index{1}, Index{4}, kT - 1}) {
+    SCOPED_TRACE("--prefill " + std::to_string(n));
+    std::vector<std::string> chunked = args;
+    chunked.insert(chunked.end(), {"--output", "yc.npy", "--probs", "pc.npy", "--prefill", std::to_string(n)});
+    EXPECT_SUCCESS(cli(chunked));
+    if (gpt2::active_isa() != gpt2::Isa::generic) {
+      EXPECT_EQ(read_text(file("yc.npy")), read_text(file("y.npy")));
+      EXPECT_EQ(read_text(file("pc.npy")), read_text(file("p.npy")));
+    } else {
+      EXPECT_TRUE(gpt2::test::near(read_npy_matrix<float>(file("yc.npy"), kT, kC), y, 5e-3));
+    }
+  }
+  const std::vector<std::string> before = dir.list();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> errors = {
+      {{"--output", "z.npy", "--kv-cache", "bf16"},
+       "--kv-cache needs --prefill (the caches are --prefill's)"},
+      {{"--output", "z.npy", "--prefill", "2", "--dtype", "f64", "--kv-cache", "bf16"},
+       "--kv-cache bf16: not available with --dtype f64 (a bf16 cache serves float32 forwards)"},
+      {{"--output", "z.npy", "--prefill", "2", "--kv-cache", "f16"},
+       "--kv-cache: expected f32 or bf16, got 'f16'"}};
+  for (const auto& [extra, message] : errors) {
+    std::vector<std::string> bad(args.begin(), args.end() - 2);  // without --kv-cache bf16
+    bad.insert(bad.end(), extra.begin(), extra.end());
+    const CliResult r = cli(bad);
+    EXPECT_EQ(r.status, 2);
+    EXPECT_EQ(r.err, "gpt2-attention: " + message + " (see gpt2-attention --help)\n");
+  }
+  EXPECT_EQ(dir.list(), before);
+}
+
 // ---------------------------------------------------------------------------------------------
 // run on a padded batch X [B, T, C]
 // ---------------------------------------------------------------------------------------------
@@ -872,6 +930,32 @@ TEST_F(CliBatchTest, PrefillIsABatchedDecode) {
         for (const Index row : padded_rows(starts, lengths))
           EXPECT_TRUE((y_decode.row(row).array() == 0.0).all()) << "row " << row;
       }
+    }
+  }
+}
+
+// The same with --kv-cache bf16: one KVCacheBF16 per sequence; Y the same bytes for every N at the
+// vector levels, padded rows 0, within bf16's rounding of the f32 cache's.
+TEST_F(CliBatchTest, PrefillThroughBf16CachesIsABatchedDecode) {
+  const std::vector<Index> starts = {0, 3, 1}, lengths = {kTb, 4, 0};
+  const std::vector<std::string> flags = {"--starts", csv(starts), "--lengths", csv(lengths)};
+  ASSERT_EQ(run_batch(flags).status, 0);
+  const RowMatrix<double> y_plain = read_matrix_as_double(file("yb.npy"), "f32", {kB, kTb, kC});
+  std::string y_first;
+  for (const Index n : {Index{0}, Index{1}, Index{3}, kTb}) {
+    SCOPED_TRACE("--prefill " + std::to_string(n));
+    std::vector<std::string> extra = flags;
+    extra.insert(extra.end(), {"--prefill", std::to_string(n), "--kv-cache", "bf16"});
+    EXPECT_SUCCESS(run_batch(extra));
+    const RowMatrix<double> y = read_matrix_as_double(file("yb.npy"), "f32", {kB, kTb, kC});
+    EXPECT_TRUE(gpt2::test::near(y, y_plain, 2e-2));
+    EXPECT_FALSE(gpt2::test::near(y, y_plain, kFloatTol));
+    for (const Index row : padded_rows(starts, lengths))
+      EXPECT_TRUE((y.row(row).array() == 0.0).all()) << "row " << row;
+    if (y_first.empty()) {
+      y_first = read_text(file("yb.npy"));
+    } else if (gpt2::active_isa() != gpt2::Isa::generic) {
+      EXPECT_EQ(read_text(file("yb.npy")), y_first);
     }
   }
 }

@@ -299,6 +299,13 @@ void library_rows(Table& t) {
     big.append(kv, kv);
     small.copy_from(big);
   });
+  t.lib("cached forward", "a bf16 cache with more tokens than room", [&] {
+    KVCacheBF16 cache(config, 4);
+    Workspace<F> ws(config);
+    RowMatrix<F> out(3, 64);
+    attention_forward<F>(w, x, cache, ws, out);
+    attention_forward<F>(w, x, cache, ws, out);
+  });
 
   // Paged KV cache.
   t.lib("KVBlockPool", "block_rows not a multiple of 16", [&] { KVBlockPool<F>(config, 4, 1, 24); });
@@ -610,6 +617,8 @@ void cli_rows(Table& t) {
   t.cli("a number out of range", {"demo", "--tokens", "2000"}, d);
   t.cli("a negative number", with({"--prefill", "-1"}), d);
   t.cli("an unknown dtype", with({"--dtype", "f16"}), d);
+  t.cli("--kv-cache without --prefill", with({"--kv-cache", "bf16"}), d);
+  t.cli("--kv-cache bf16 with --dtype f64", with({"--prefill", "2", "--kv-cache", "bf16", "--dtype", "f64"}), d);
   t.cli("bf16 with --tensor-parallel", with({"--dtype", "bf16", "--tensor-parallel"}), d);
   t.cli("demo: an unknown dtype (no f64)", {"demo", "--dtype", "f64"}, d);
   t.cli("a malformed list", {"run", "--weights", "w.safetensors", "--input", "xb.npy", "--output",

@@ -39,13 +39,15 @@ void batch_forward(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& la
 // [B, C] back. Sequence b's cache holds its l_b tokens (capacity l_b, not T); the workspace holds
 // the largest step (min(prefill, L) tokens, or 1) attending to up to L keys, L the longest
 // sequence. Caches, workspace and step buffers are allocated once, before step 0.
-template <class T, class W>
-void batch_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
-                  Index prefill, MatrixRef<T> out) {
+// Cache: KVCache<T> (make_cache), or KVCacheBF16 for float (run --kv-cache bf16); one made by
+// make(w, l_b) per sequence.
+template <class T, class Cache, class W, class MakeCache>
+void batch_decode_through(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+                          Index prefill, MatrixRef<T> out, const MakeCache& make) {
   const Index B = layout.batch(), C = w.n_embd(), L = layout.max_length();
-  std::vector<KVCache<T>> caches;
+  std::vector<Cache> caches;
   caches.reserve(static_cast<std::size_t>(B));
-  for (Index b = 0; b < B; ++b) caches.push_back(make_cache(w, layout.length(b)));
+  for (Index b = 0; b < B; ++b) caches.push_back(make(w, layout.length(b)));
   Workspace<T> ws = make_workspace(w, std::max(std::min(prefill, L), std::min<Index>(L, 1)), L);
   RowMatrix<T> x_step = RowMatrix<T>::Zero(B, C), out_step(B, C);
   BatchLayout step = BatchLayout::full(B, 1);
@@ -70,6 +72,14 @@ void batch_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& lay
         out.row(layout.first_row(b) + caches[static_cast<std::size_t>(b)].n_past() - 1) =
             out_step.row(b);
   }
+}
+
+// The same through KVCache<T>s (make_cache).
+template <class T, class W>
+void batch_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+                  Index prefill, MatrixRef<T> out) {
+  batch_decode_through<T, KVCache<T>>(
+      w, x, layout, prefill, out, [](const W& sub, Index n) { return make_cache(sub, n); });
 }
 
 // Fills probs, which must already be [B * n_head * T, T] (the caller allocates it before anything

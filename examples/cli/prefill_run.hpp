@@ -24,14 +24,16 @@
 
 namespace gpt2::cli {
 
-// Runs x through one KVCache of capacity T, chunks of prefill tokens then 1, 1, ...; writes every
+// Runs x through one KV cache of capacity T, chunks of prefill tokens then 1, 1, ...; writes every
 // row of out, and every value of probs when it is not null. probs must already be [n_head * T, T]
 // (the caller allocates it before anything is computed). The cache and the workspace are
 // allocated once, before the first chunk. W: AttentionWeights<T>, or a TensorParallelAttention<T>
 // shard, whose probs are its own heads' (n_head: heads_here(w), sublayer.hpp).
-template <class T, class W>
-void prefill_forward(const W& w, const ConstMatrixRef<T>& x, Index prefill, MatrixRef<T> out,
-                     RowMatrix<T>* probs) {
+// Cache: KVCache<T> (make_cache), or a KVCacheBF16 for float (run --kv-cache bf16), of capacity
+// T, empty.
+template <class T, class W, class Cache>
+void prefill_forward_through(const W& w, const ConstMatrixRef<T>& x, Index prefill,
+                             MatrixRef<T> out, RowMatrix<T>* probs, Cache& cache) {
   const Index T_ = x.rows(), n_head = heads_here(w);
   if (probs && (probs->rows() != n_head * T_ || probs->cols() != T_))
     throw ShapeError("prefill_forward: expected probs [" + std::to_string(n_head * T_) + ", " +
@@ -39,7 +41,6 @@ void prefill_forward(const W& w, const ConstMatrixRef<T>& x, Index prefill, Matr
                      std::to_string(probs->cols()) + "]");
   const Index first = std::min(prefill, T_);
   const Index max_chunk = std::max(first, std::min<Index>(T_, 1));
-  KVCache<T> cache = make_cache(w, T_);
   Workspace<T> ws = make_workspace(w, max_chunk, T_);
 
   Index n_past = 0;
@@ -65,6 +66,14 @@ void prefill_forward(const W& w, const ConstMatrixRef<T>& x, Index prefill, Matr
       attention_forward<T>(w, x.middleRows(n_past, 1), cache, ws, out_c);
     }
   }
+}
+
+// The same through a KVCache<T> (make_cache(w, T)).
+template <class T, class W>
+void prefill_forward(const W& w, const ConstMatrixRef<T>& x, Index prefill, MatrixRef<T> out,
+                     RowMatrix<T>* probs) {
+  KVCache<T> cache = make_cache(w, x.rows());
+  prefill_forward_through<T>(w, x, prefill, out, probs, cache);
 }
 
 }  // namespace gpt2::cli

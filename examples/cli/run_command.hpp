@@ -43,7 +43,7 @@ namespace gpt2::cli {
 
 inline const std::vector<std::string> kRunFlags = {
     "weights", "layer", "input", "output", "n-head", "dtype", "probs", "prefill", "lengths", "starts",
-    "png", "png-scale", "share-prefix"};
+    "png", "png-scale", "share-prefix", "kv-cache"};
 // Flags without a value.
 inline const std::vector<std::string> kRunSwitches = {"tensor-parallel"};
 
@@ -72,6 +72,7 @@ struct RunOptions {
   std::optional<std::vector<long long>> starts, lengths;  // a batch's real rows
   bool tensor_parallel = false;  // --tensor-parallel: the heads split over the MPI ranks
   std::optional<Index> share_prefix;  // --share-prefix N: a batch's common first N rows, once
+  bool kv_bf16 = false;  // --kv-cache bf16: --prefill's caches hold keys and values in bf16
 };
 
 // --dtype f32|f64|bf16 (default f32); UsageError naming the accepted values for another one.
@@ -140,6 +141,21 @@ inline RunOptions parse_run_options(const Flags& flags) {
     o.share_prefix = static_cast<Index>(flags.integer_or("share-prefix", 0, 0, Flags::kNoMax));
   if (o.share_prefix && o.tensor_parallel)
     throw UsageError("--share-prefix: not available with --tensor-parallel");
+  if (flags.has("kv-cache")) {
+    const std::string kv = flags.required("kv-cache");
+    if (kv != "f32" && kv != "bf16")
+      throw UsageError("--kv-cache: expected f32 or bf16, got '" + Flags::echoed_value(kv) + "'");
+    o.kv_bf16 = kv == "bf16";
+    if (!o.prefill) throw UsageError("--kv-cache needs --prefill (the caches are --prefill's)");
+    if (o.kv_bf16 && o.precision == Precision::f64)
+      throw UsageError("--kv-cache bf16: not available with --dtype f64 (a bf16 cache serves "
+                       "float32 forwards)");
+    if (o.kv_bf16 && o.tensor_parallel)
+      throw UsageError("--kv-cache bf16: not available with --tensor-parallel");
+    if (o.kv_bf16 && o.share_prefix)
+      throw UsageError("--kv-cache bf16: not available with --share-prefix (the paged pool is "
+                       "float32)");
+  }
   if (o.precision == Precision::bf16 && o.tensor_parallel)
     throw UsageError("--dtype bf16: not available with --tensor-parallel (the shards' weights are "
                      "float32 only)");
@@ -215,7 +231,14 @@ void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
   if (probs) probs->resize(B * heads_here(w) * T_, T_);  // first: see above
   r.out.resize(input.x.rows(), w.n_embd());
   if (!input.batched()) {
-    if (o.prefill) {
+    if (o.prefill && o.kv_bf16) {
+      if constexpr (std::is_same<W, AttentionWeights<float>>::value) {
+        KVCacheBF16 cache(w.config(), T_);
+        prefill_forward_through<T>(w, input.x, *o.prefill, r.out, probs, cache);
+      } else {
+        throw UsageError("--kv-cache bf16: needs float32 weights on one process");
+      }
+    } else if (o.prefill) {
       prefill_forward<T>(w, input.x, *o.prefill, r.out, probs);
     } else {
       Workspace<T> ws = make_workspace(w, T_);
@@ -230,6 +253,13 @@ void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
         shared_prefix_decode<T>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
       else
         throw UsageError("--share-prefix: not available with --tensor-parallel");
+    } else if (o.prefill && o.kv_bf16) {
+      if constexpr (std::is_same<W, AttentionWeights<float>>::value)
+        batch_decode_through<T, KVCacheBF16>(
+            w, input.x, *layout, *o.prefill, r.out,
+            [](const W& sub, Index n) { return KVCacheBF16(sub.config(), n); });
+      else
+        throw UsageError("--kv-cache bf16: needs float32 weights on one process");
     } else if (o.prefill)
       batch_decode<T>(w, input.x, *layout, *o.prefill, r.out);
     else
