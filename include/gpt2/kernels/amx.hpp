@@ -76,6 +76,7 @@ namespace gpt2::kernels::amx {
 inline constexpr Index kBlockRows = 32;   // rows of C per tile block (two A tiles)
 inline constexpr Index kTileDepth = 32;   // bf16 of k per tile step
 inline constexpr Index kColBlock = 256;   // columns of B per pass (8 panels: 384 KB at K = 768)
+inline constexpr Index kWideColBlock = 768;  // the same when the depth fits one pass (1.2 MB at K = 768)
 inline constexpr Index kCopyDepth = 1024; // depth of A's bf16 copy per pass
 // Scratch: A's bf16 copy (32 rows x kCopyDepth) and the C blocks of a column block's panels.
 inline constexpr Index kCopyFloats = kBlockRows * kCopyDepth / 2;
@@ -173,6 +174,30 @@ GPT2_KERNEL_AMX inline void gemm_bf16(Index M, Index N, Index K, const float* A,
   std::uint16_t* copy = reinterpret_cast<std::uint16_t*>(scratch);
   float* blocks = scratch + kCopyFloats;
   load_tile_config();
+  if (Kp <= kCopyDepth) {
+    // One pass over the depth: each C block is finished by one tile_block and added to C at once
+    // (one block of scratch), so the column blocks can be wide (kWideColBlock: B's block stays in
+    // L2) and A's rows are rounded to bf16 N / kWideColBlock times rather than N / kColBlock.
+    // The same tile operations per element of C as below: the same bits.
+    for (Index jb = 0; jb < N; jb += kWideColBlock) {
+      const Index cols = std::min(kWideColBlock, N - jb);
+      for (Index ib = 0; ib < M; ib += kBlockRows) {
+        const Index rows = std::min(kBlockRows, M - ib);
+        avx512_bf16::round_rows_to_bf16(rows, K, A + ib * lda, lda, Kp, copy);
+        for (Index j0 = jb; j0 < jb + cols; j0 += kBf16PanelCols) {
+          const std::uint16_t* panel = Bp + (j0 / kBf16PanelCols) * Kp * kBf16PanelCols;
+          if (rows > 16)
+            tile_block<32>(copy, Kp, panel, Kp, blocks, true);
+          else
+            tile_block<16>(copy, Kp, panel, Kp, blocks, true);
+          add_block(blocks, rows, C + ib * ldc + j0, ldc, avx512::lanes(j0, N),
+                    avx512::lanes(j0 + 16, N), bias ? bias + j0 : nullptr);
+        }
+      }
+    }
+    _tile_release();
+    return;
+  }
   for (Index jb = 0; jb < N; jb += kColBlock) {
     const Index cols = std::min(kColBlock, N - jb);
     for (Index ib = 0; ib < M; ib += kBlockRows) {
