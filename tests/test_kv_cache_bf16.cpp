@@ -134,12 +134,12 @@ TEST(KVCacheBF16, RoundsWhatItAppendsAndHoldsHalfTheBytes) {
   RowMatrix<float> k = random_input<float>(4, 96, 1) * 3.0f, v = random_input<float>(4, 96, 2);
   k(0, 0) = std::numeric_limits<float>::quiet_NaN();
   k(1, 1) = std::numeric_limits<float>::infinity();
-  k(2, 2) = 1.0f + std::ldexp(1.0f, -8);  // a tie: rounds to even (1.0)
+  k(2, 2) = 1.0f + 3 * std::ldexp(1.0f, -8);  // a tie: rounds to even (1 + 2^-6; truncation: 1 + 2^-7)
   cache.append(k, v);
   ASSERT_EQ(cache.n_past(), 4);
   const RowMatrix<float> kr = rounded(k), vr = rounded(v);
   for (Index h = 0; h < 3; ++h) {
-    const RowMatrix<float> keys = cache.keys(h), values = cache.values(h);
+    const RowMatrix<float> keys = cache.widened_keys(h), values = cache.widened_values(h);
     for (Index i = 0; i < 4; ++i)
       for (Index d = 0; d < 32; ++d) {
         const float want = kr(i, h * 32 + d), got = keys(i, d);
@@ -147,8 +147,8 @@ TEST(KVCacheBF16, RoundsWhatItAppendsAndHoldsHalfTheBytes) {
         EXPECT_EQ(values(i, d), vr(i, h * 32 + d));
       }
   }
-  EXPECT_EQ(cache.keys(0)(2, 2), 1.0f);
-  EXPECT_TRUE(std::isinf(cache.keys(0)(1, 1)));
+  EXPECT_EQ(cache.widened_keys(0)(2, 2), 1.0f + std::ldexp(1.0f, -6));
+  EXPECT_TRUE(std::isinf(cache.widened_keys(0)(1, 1)));
   // append_past: head-major rows, rounded the same way
   KVCacheBF16 past(config, 10);
   RowMatrix<float> kp(3 * 4, 32), vp(3 * 4, 32);
@@ -225,6 +225,7 @@ const Case kCases[] = {
     {"gpt2_heads_past_two_widen_pages", 256, 4, 600, 300},  // head_dim 64; keys past 2 x 256
     {"head_dim_32_odd_lengths", 96, 3, 203, 77},
     {"head_dim_80", 160, 2, 150, 64},
+    {"one_head_split_over_threads", 64, 1, 600, 100},  // fewer heads than threads: key runs split
 };
 
 class KVCacheBF16Forward : public ::testing::TestWithParam<Case> {};

@@ -120,6 +120,13 @@ TEST(NoAllocBf16, ForwardsOnBf16WeightsAllocateNothingAfterTheFirst) {
   EXPECT_TRUE(out.allFinite());
 }
 
+struct KVCacheBF16Fixture {
+  KVCacheBF16Fixture(const gpt2::AttentionConfig& config, gpt2::Index capacity)
+      : cache(config, capacity), ws(config) {}
+  gpt2::KVCacheBF16 cache;
+  gpt2::Workspace<float> ws;
+};
+
 // A bf16 KV cache: the first forward sizes the workspace (and its widening buffers); later
 // prefill chunks and decode steps allocate nothing, with float32 and bf16 weights.
 TEST(NoAllocBf16, ForwardsThroughABf16KVCacheAllocateNothingAfterTheFirst) {
@@ -142,6 +149,16 @@ TEST(NoAllocBf16, ForwardsThroughABf16KVCacheAllocateNothingAfterTheFirst) {
     }
     EXPECT_EQ(cache.n_past(), 300);
     EXPECT_TRUE(out.allFinite());
+    // a cache shorter than one widening run (256 keys): a prefill first, then decode steps
+    KVCacheBF16Fixture short_run(m.config, 40);
+    gpt2::attention_forward<float>(w, x.topRows(30), short_run.cache, short_run.ws, out.topRows(30));
+    {
+      AllocationWatch watch;
+      for (gpt2::Index t = 30; t < 40; ++t)
+        gpt2::attention_forward<float>(w, x.row(t), short_run.cache, short_run.ws, out.row(t));
+      EXPECT_EQ(watch.eigen(), 0) << "Eigen heap allocations (short cache)";
+      EXPECT_EQ(watch.cxx(), 0) << "operator new calls (short cache)";
+    }
   }
 }
 

@@ -27,16 +27,6 @@
 
 namespace gpt2 {
 
-namespace detail {
-// The KV caches a forward on weights of scalar T takes: KVCache<T>, and KVCacheBF16 for float.
-template <class Cache, class T>
-struct is_kv_cache_for : std::false_type {};
-template <class T>
-struct is_kv_cache_for<KVCache<T>, T> : std::true_type {};
-template <>
-struct is_kv_cache_for<KVCacheBF16, float> : std::true_type {};
-}  // namespace detail
-
 // Which rows of a padded [B, T, C] batch hold real tokens. Cheap to copy; set() changes one
 // sequence without allocating (reuse one layout across decode steps).
 class BatchLayout {
@@ -356,6 +346,41 @@ void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
   }
 }
 
+namespace detail {
+
+// The three ways of passing a batch's caches, for either cache type (the public overloads below).
+template <class T, class Cache>
+void batch_forward_vector(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                          const BatchLayout& batch, std::vector<Cache>& caches, Workspace<T>& ws,
+                          MatrixRef<T>& out) {
+  if (static_cast<Index>(caches.size()) != batch.batch())
+    throw ShapeError("caches: expected one KV cache per sequence (" +
+                     std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
+  batch_forward_cached<T>(
+      w, x, batch, [&](Index b) -> Cache& { return caches[static_cast<std::size_t>(b)]; }, true,
+      ws, out);
+}
+template <class T, class Cache>
+void batch_forward_pointers(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                            const BatchLayout& batch, Cache* const* caches, Workspace<T>& ws,
+                            MatrixRef<T>& out) {
+  for (Index b = 0; b < batch.batch(); ++b)
+    if (caches[b] == nullptr) throw ShapeError("caches: entry " + std::to_string(b) + " is null");
+  batch_forward_cached<T>(w, x, batch, [&](Index b) -> Cache& { return *caches[b]; }, false, ws,
+                          out);
+}
+template <class T, class Cache>
+void batch_forward_pointer_vector(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                                  const BatchLayout& batch, const std::vector<Cache*>& caches,
+                                  Workspace<T>& ws, MatrixRef<T>& out) {
+  if (static_cast<Index>(caches.size()) != batch.batch())
+    throw ShapeError("caches: expected one KV cache per sequence (" +
+                     std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
+  batch_forward_pointers<T, Cache>(w, x, batch, caches.data(), ws, out);
+}
+
+}  // namespace detail
+
 // Batched incremental forward: sequence b's real rows are its next positions, appended to
 // caches[b] and attending to everything cached there (each sequence has its own n_past).
 //   x [B * T, C], out [B * T, C] as above; caches: B distinct caches, one per sequence
@@ -368,45 +393,51 @@ void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
 // min(real rows, 256)) tokens and max(R, largest cache capacity) keys; it grows on the first call
 // if smaller (e.g. Workspace(config, std::min<Index>(B, 256), std::max<Index>(..., capacity)) for
 // B decoding sequences), then allocates nothing. x and out (padding included) must not overlap it.
-// The caches may be KVCache<T>, or KVCacheBF16 for float (keys and values in bf16: each
-// sequence's rows get the bits its forward through that cache alone gives).
-template <class T, class D, class Cache,
-          std::enable_if_t<detail::is_kv_cache_for<Cache, T>::value, int> = 0>
+template <class T, class D>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, std::vector<Cache>& caches,
+                       const BatchLayout& batch, std::vector<KVCache<T>>& caches,
                        Workspace<T>& ws, MatrixRef<T> out) {
-  if (static_cast<Index>(caches.size()) != batch.batch())
-    throw ShapeError("caches: expected one KV cache per sequence (" +
-                     std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
-  detail::batch_forward_cached<T>(
-      w, detail::as_view<T>(x), batch,
-      [&](Index b) -> Cache& { return caches[static_cast<std::size_t>(b)]; }, true, ws, out);
+  detail::batch_forward_vector<T, KVCache<T>>(w, detail::as_view<T>(x), batch, caches, ws, out);
 }
 
 // Same, with the caches held elsewhere: caches[b] points at sequence b's cache, for the
 // batch.batch() entries of a plain array (e.g. one layer's column of a [B][n_layer] table).
-template <class T, class D, class Cache,
-          std::enable_if_t<detail::is_kv_cache_for<Cache, T>::value, int> = 0>
+template <class T, class D>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, Cache* const* caches, Workspace<T>& ws,
+                       const BatchLayout& batch, KVCache<T>* const* caches, Workspace<T>& ws,
                        MatrixRef<T> out) {
-  for (Index b = 0; b < batch.batch(); ++b)
-    if (caches[b] == nullptr) throw ShapeError("caches: entry " + std::to_string(b) + " is null");
-  detail::batch_forward_cached<T>(
-      w, detail::as_view<T>(x), batch, [&](Index b) -> Cache& { return *caches[b]; }, false, ws,
-      out);
+  detail::batch_forward_pointers<T, KVCache<T>>(w, detail::as_view<T>(x), batch, caches, ws, out);
 }
 
 // Same, with a vector of B pointers.
-template <class T, class D, class Cache,
-          std::enable_if_t<detail::is_kv_cache_for<Cache, T>::value, int> = 0>
+template <class T, class D>
 void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, const std::vector<Cache*>& caches,
+                       const BatchLayout& batch, const std::vector<KVCache<T>*>& caches,
                        Workspace<T>& ws, MatrixRef<T> out) {
-  if (static_cast<Index>(caches.size()) != batch.batch())
-    throw ShapeError("caches: expected one KV cache per sequence (" +
-                     std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
-  attention_forward<T>(w, x, batch, caches.data(), ws, out);
+  detail::batch_forward_pointer_vector<T, KVCache<T>>(w, detail::as_view<T>(x), batch, caches, ws,
+                                                      out);
+}
+
+// The same three through bf16 KV caches (KVCacheBF16, float only): each sequence's rows get the
+// bits its forward through its own cache alone gives.
+template <class T, class D, std::enable_if_t<std::is_same<T, float>::value, int> = 0>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       const BatchLayout& batch, std::vector<KVCacheBF16>& caches,
+                       Workspace<T>& ws, MatrixRef<T> out) {
+  detail::batch_forward_vector<T, KVCacheBF16>(w, detail::as_view<T>(x), batch, caches, ws, out);
+}
+template <class T, class D, std::enable_if_t<std::is_same<T, float>::value, int> = 0>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       const BatchLayout& batch, KVCacheBF16* const* caches, Workspace<T>& ws,
+                       MatrixRef<T> out) {
+  detail::batch_forward_pointers<T, KVCacheBF16>(w, detail::as_view<T>(x), batch, caches, ws, out);
+}
+template <class T, class D, std::enable_if_t<std::is_same<T, float>::value, int> = 0>
+void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
+                       const BatchLayout& batch, const std::vector<KVCacheBF16*>& caches,
+                       Workspace<T>& ws, MatrixRef<T> out) {
+  detail::batch_forward_pointer_vector<T, KVCacheBF16>(w, detail::as_view<T>(x), batch, caches,
+                                                       ws, out);
 }
 
 }  // namespace gpt2

@@ -47,11 +47,13 @@ inline constexpr Index kWidenBlocks = 4;
 inline constexpr Index kWidenRows = kWidenBlocks * kernels::kKeyBlock;
 
 // dst[i] = the float32 value of bf16 bits src[i], i < n (exact); prefetches the bits `ahead`
-// elements on as it goes (0: none).
-inline void widen_bf16(const std::uint16_t* src, Index n, float* dst, Index ahead = 0) {
+// elements on as it goes, as long as they are before src + ahead_end (the end of what src's
+// storage holds for the caller).
+inline void widen_bf16(const std::uint16_t* src, Index n, float* dst, Index ahead = 0,
+                       Index ahead_end = 0) {
   for (Index i0 = 0; i0 < n; i0 += 32) {
 #if defined(__GNUC__) || defined(__clang__)
-    if (ahead > 0) __builtin_prefetch(src + i0 + ahead, 0, 1);
+    if (i0 + ahead < ahead_end) __builtin_prefetch(src + i0 + ahead, 0, 1);
 #endif
     const Index end = std::min<Index>(n, i0 + 32);
     for (Index i = i0; i < end; ++i) dst[i] = kernels::bf16_to_float(src[i]);
@@ -125,6 +127,10 @@ inline void attend_decode_bf16(const AttentionConfig& config, const ConstMatrixR
       std::max<Index>(1, std::min<Index>(n_blocks, (n_threads + n_head - 1) / n_head));
   const Index stride = kernels::partial_stride(hd);
   float* parts = ws.partials();
+  for (Index t = 0; t < std::min<Index>(n_threads, ws.thread_capacity()); ++t)
+    if (ws.threads[static_cast<std::size_t>(t)].kv_widened.rows() < 2 * kWidenRows)
+      throw CapacityError("workspace: no room for a decode step's widened keys "
+                          "(reserve_cache_scratch)");
   parallel_tasks(n_head * chunks, n_threads, [&](Index task, int thread) {
     const Index h = task / chunks, c = task % chunks;
     const Index b0 = c * n_blocks / chunks, b1 = (c + 1) * n_blocks / chunks;
@@ -152,9 +158,11 @@ inline void attend_decode_bf16(const AttentionConfig& config, const ConstMatrixR
       const Index row0 = lo * kernels::kKeyBlock;
       const Index rows = std::min(hi * kernels::kKeyBlock, n_keys) - row0;
       const Index at = (row0 - page * kWidenRows) * hd;
-      const Index ahead = hi < b1 ? kWidenRows * hd : 0;  // the next run's bits, while these are read
-      widen_bf16(key_bits.data() + row0 * hd, rows * hd, keys + at, ahead);
-      widen_bf16(value_bits.data() + row0 * hd, rows * hd, values + at, ahead);
+      // the next run's bits, while these are read (within this task's blocks of the head)
+      const Index ahead = kWidenRows * hd;
+      const Index ahead_end = hi < b1 ? (std::min(b1 * kernels::kKeyBlock, n_keys) - row0) * hd : 0;
+      widen_bf16(key_bits.data() + row0 * hd, rows * hd, keys + at, ahead, ahead_end);
+      widen_bf16(value_bits.data() + row0 * hd, rows * hd, values + at, ahead, ahead_end);
       attention_row_partials<float>(q_view(qkv, config, h), kv, lo, hi,
                                     parts + (h * n_blocks + lo) * stride, scratch.attention);
       lo = hi;
@@ -178,12 +186,15 @@ inline void attend_rows_bf16(const AttentionConfig& config, const ConstMatrixRef
   const Index n_keys = cache.n_past(), n_past = n_keys - T_;
   const Index row_block = attention_row_block(ws.threads[0].attention, hd, probs != nullptr);
   const Index tiles = attention_row_tiles(T_, row_block);
-  const Index key_rows = ws.threads[0].kv_widened.rows() / 2;
   if (probs) ws.reserve_probabilities();
   parallel_tasks(n_head * tiles, n_threads, [&](Index task, int thread) {
     const Index h = task / tiles, tile = tiles - 1 - task % tiles;
     const Index r0 = tile * row_block, nb = std::min(row_block, T_ - r0);
     ThreadScratch<float>& scratch = ws.threads[static_cast<std::size_t>(thread)];
+    const Index key_rows = scratch.kv_widened.rows() / 2;  // >= n_keys (reserve_cache_scratch)
+    if (key_rows < n_keys)
+      throw CapacityError("workspace: widening buffer of " + std::to_string(key_rows) +
+                          " keys for " + std::to_string(n_keys) + " (reserve_cache_scratch)");
     float* keys = scratch.kv_widened.data();
     float* values = keys + key_rows * hd;
     const Index seen = n_past + r0 + nb;  // keys the tile's last row sees
@@ -209,7 +220,8 @@ inline void attend_rows_bf16(const AttentionConfig& config, const ConstMatrixRef
 inline void reserve_cache_scratch(Workspace<float>& ws, const KVCacheBF16& cache, Index T_new,
                                   bool probs) {
   const bool decode = T_new == 1 && !probs;
-  const Index rows = decode ? kWidenRows : std::max<Index>(cache.capacity(), 1);
+  // at least kWidenRows either way, so that decode steps after a longer first forward never grow it
+  const Index rows = decode ? kWidenRows : std::max<Index>(cache.capacity(), kWidenRows);
   const Index pages = (cache.capacity() + kWidenRows - 1) / kWidenRows + 1;
   for (ThreadScratch<float>& t : ws.threads)
     t.reserve_kv_widened(rows, cache.config().head_dim(), pages);
@@ -256,6 +268,7 @@ inline void attention_forward_cached_bf16(const AttentionWeights<float>& w,
                                           Workspace<float>& ws, MatrixRef<float>& out,
                                           MatrixRef<float>* probs) {
   check_cached_forward(w, x, cache, ws, out, probs);
+  if (x.rows() == 0) return;  // nothing to append or attend: nothing to reserve
   ws.reserve(x.rows(), cache.capacity());  // the first call sizes it for the whole cache
   reserve_cache_scratch(ws, cache, x.rows(), probs != nullptr);
   check_workspace_overlap<float>(ws, x.rows(), out, probs);

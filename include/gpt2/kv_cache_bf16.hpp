@@ -127,9 +127,10 @@ class KVCacheBF16 {
   }
 
   // Head h's cached keys / values [n_past, head_dim] widened to float32 (exact): a new matrix
-  // (allocates; for inspection and tests, the forwards widen block by block in their workspace).
-  RowMatrix<float> keys(Index h) const { return widened(key_bits(h)); }
-  RowMatrix<float> values(Index h) const { return widened(value_bits(h)); }
+  // (allocates: named apart from KVCache's views; for inspection and tests, the forwards widen in
+  // registers or in their workspace).
+  RowMatrix<float> widened_keys(Index h) const { return widened(key_bits(h)); }
+  RowMatrix<float> widened_values(Index h) const { return widened(value_bits(h)); }
 
   void check_room(Index count) const {
     if (count < 0 || count > remaining())
