@@ -24,8 +24,9 @@ namespace gpt2 {
 
 namespace detail {
 
-template <class T>
-void check_cache(const AttentionWeights<T>& w, const KVCache<T>& cache) {
+// Cache: a KVCache<T>, or a KVCacheBF16 (float; incremental_bf16.hpp): the same checks.
+template <class T, class Cache>
+void check_cache(const AttentionWeights<T>& w, const Cache& cache) {
   const AttentionConfig& a = w.config();
   const AttentionConfig& b = cache.config();
   if (a.n_embd != b.n_embd || a.n_head != b.n_head)
@@ -37,9 +38,9 @@ void check_cache(const AttentionWeights<T>& w, const KVCache<T>& cache) {
 // Everything about the call that can be checked before the workspace grows: shapes, configs,
 // room in the cache, and that out and probs do not overlap the cache.
 //   x [T_new, C], out [T_new, C], probs (or null) [n_head * T_new, n_past + T_new]
-template <class T>
+template <class T, class Cache>
 void check_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                          const KVCache<T>& cache, const Workspace<T>& ws, const MatrixRef<T>& out,
+                          const Cache& cache, const Workspace<T>& ws, const MatrixRef<T>& out,
                           const MatrixRef<T>* probs) {
   const Index T_new = x.rows(), C = w.n_embd(), n_keys = cache.n_past() + T_new;
   check_shape("x", {T_new, C}, {x.rows(), x.cols()});

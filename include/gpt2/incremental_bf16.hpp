@@ -27,6 +27,7 @@
 #include "gpt2/causal_attention.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/forward.hpp"
+#include "gpt2/incremental.hpp"
 #include "gpt2/kernels/bf16.hpp"
 #include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kv_cache_bf16.hpp"
@@ -58,30 +59,6 @@ inline void widen_bf16(const std::uint16_t* src, Index n, float* dst, Index ahea
     const Index end = std::min<Index>(n, i0 + 32);
     for (Index i = i0; i < end; ++i) dst[i] = kernels::bf16_to_float(src[i]);
   }
-}
-
-// Everything about the call that can be checked before the workspace grows.
-//   x [T_new, C], out [T_new, C], probs (or null) [n_head * T_new, n_past + T_new]
-inline void check_cached_forward(const AttentionWeights<float>& w, const ConstMatrixRef<float>& x,
-                                 const KVCacheBF16& cache, const Workspace<float>& ws,
-                                 const MatrixRef<float>& out, const MatrixRef<float>* probs) {
-  const Index T_new = x.rows(), C = w.n_embd(), n_keys = cache.n_past() + T_new;
-  check_shape("x", {T_new, C}, {x.rows(), x.cols()});
-  check_shape("out", {T_new, C}, {out.rows(), out.cols()});
-  if (probs)
-    check_shape("probs", {w.n_head() * T_new, n_keys}, {probs->rows(), probs->cols()});
-  check_workspace(w, ws);
-  const AttentionConfig& a = w.config();
-  const AttentionConfig& b = cache.config();
-  if (a.n_embd != b.n_embd || a.n_head != b.n_head)
-    throw ConfigError("cache: expected n_embd " + std::to_string(a.n_embd) + ", n_head " +
-                      std::to_string(a.n_head) + " (the weights'), got n_embd " +
-                      std::to_string(b.n_embd) + ", n_head " + std::to_string(b.n_head));
-  cache.check_room(T_new);
-  if (overlaps(out, cache.key_storage()) || overlaps(out, cache.value_storage()))
-    throw ShapeError("out: must not overlap the KV cache");
-  if (probs && (overlaps(*probs, cache.key_storage()) || overlaps(*probs, cache.value_storage())))
-    throw ShapeError("probs: must not overlap the KV cache");
 }
 
 // The partials of q's one row (position n_keys - 1; q [T, head_dim], its last row) over key
@@ -267,7 +244,7 @@ inline void attention_forward_cached_bf16(const AttentionWeights<float>& w,
                                           const ConstMatrixRef<float>& x, KVCacheBF16& cache,
                                           Workspace<float>& ws, MatrixRef<float>& out,
                                           MatrixRef<float>* probs) {
-  check_cached_forward(w, x, cache, ws, out, probs);
+  check_cached_forward<float>(w, x, cache, ws, out, probs);  // incremental.hpp's, for either cache
   if (x.rows() == 0) return;  // nothing to append or attend: nothing to reserve
   ws.reserve(x.rows(), cache.capacity());  // the first call sizes it for the whole cache
   reserve_cache_scratch(ws, cache, x.rows(), probs != nullptr);
