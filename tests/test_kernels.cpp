@@ -15,6 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "gpt2/kernels/avx2.hpp"
+#include "gpt2/kernels/avx2_attention.hpp"
+#include "gpt2/kernels/avx512.hpp"
+#include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/kernels/dispatch.hpp"
 #include "kernel_emulation.hpp"
 

@@ -26,7 +26,7 @@
 
 #include "gpt2/error.hpp"
 #include "gpt2/gemm.hpp"
-#include "gpt2/kernels/amx_attention.hpp"
+#include "gpt2/kernels/amx_attention_size.hpp"
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kernels/generic.hpp"
@@ -192,13 +192,12 @@ kernels::AttentionTile<T> tile_of(const ConstMatrixRef<T>& q, Index n_keys, Inde
 template <class T>
 void run_tile(const kernels::AttentionTile<T>& t) {
   if constexpr (std::is_same<T, float>::value) {
-#if GPT2_KERNELS_HAVE_AMX
-    if (t.bf16 && t.rows >= kernels::amx::kAmxMinRows && active_isa() == Isa::amx &&
-        kernels::amx::attention_fits(t.head_dim)) {
-      kernels::amx::attention_tile_bf16(t);
-      return;
+    if (t.bf16 && t.rows >= kernels::amx::kAmxMinRows && kernels::amx::attention_fits(t.head_dim)) {
+      if (const kernels::Bf16AttentionTile core = kernels::bf16_attention_tile(active_isa())) {
+        core(t);
+        return;
+      }
     }
-#endif
     if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
       kern->attention_tile(t);
       return;

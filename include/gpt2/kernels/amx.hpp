@@ -10,8 +10,8 @@
 // it (decode == prefill).
 //
 // On Linux a process must ask for the tile data state once (arch_prctl(ARCH_REQ_XCOMP_PERM,
-// XFEATURE_XTILEDATA)) before its first tile instruction; request_amx_permission() does, and its
-// answer decides whether the level is available (dispatch.hpp reports a refusal's reason).
+// XFEATURE_XTILEDATA)) before its first tile instruction; kernels/cpu.hpp's amx_permission() does,
+// and its answer decides whether the level is available (dispatch.hpp reports a refusal's reason).
 #pragma once
 
 #include <algorithm>
@@ -22,53 +22,13 @@
 
 #include "gpt2/kernels/avx512_bf16.hpp"
 #include "gpt2/kernels/bf16.hpp"
+#include "gpt2/kernels/cpu.hpp"
 #include "gpt2/types.hpp"
 
-#if GPT2_KERNELS_HAVE_AVX512 && (defined(__GNUC__) || defined(__clang__)) && \
-    (!defined(__GNUC__) || defined(__clang__) || __GNUC__ >= 11)
-#define GPT2_KERNELS_HAVE_AMX 1
+#if GPT2_KERNELS_HAVE_AMX
 #define GPT2_KERNEL_AMX \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,amx-tile,amx-bf16,avx2,fma")))
-#else
-#define GPT2_KERNELS_HAVE_AMX 0
 #endif
-
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
-namespace gpt2::kernels {
-
-// Whether this process may use the AMX tile data (asked once; Linux only), and why not.
-struct AmxPermission {
-  bool granted = false;
-  std::string reason;  // empty when granted
-};
-
-inline AmxPermission request_amx_permission() {
-  AmxPermission p;
-#if defined(__linux__) && defined(SYS_arch_prctl)
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) {
-    p.granted = true;
-  } else {
-    p.reason = "the kernel refused the AMX tile data (arch_prctl(ARCH_REQ_XCOMP_PERM): " +
-               std::string(std::strerror(errno)) + ")";
-  }
-#else
-  p.reason = "AMX needs Linux's arch_prctl(ARCH_REQ_XCOMP_PERM) in this build";
-#endif
-  return p;
-}
-
-// Asked once per process, on the first call (thread-safe).
-inline const AmxPermission& amx_permission() {
-  static const AmxPermission permission = request_amx_permission();
-  return permission;
-}
-
-}  // namespace gpt2::kernels
 
 #if GPT2_KERNELS_HAVE_AMX
 namespace gpt2::kernels::amx {

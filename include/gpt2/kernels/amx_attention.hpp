@@ -34,27 +34,13 @@
 #include <limits>
 
 #include "gpt2/kernels/amx.hpp"
+#include "gpt2/kernels/amx_attention_size.hpp"
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/types.hpp"
 
 #if GPT2_KERNELS_HAVE_AMX
 namespace gpt2::kernels::amx {
-
-inline constexpr Index kAmxTileMaxRows = 256;  // query rows of one AMX tile (4 groups of 64)
-// Tiles with fewer rows run the float32 core (causal_attention.hpp's run_tile): a decode step's one
-// row would pay for packing every key block into a 16-row tile.
-inline constexpr Index kAmxMinRows = 16;
-
-// Scratch floats the AMX core uses for head_dim D (independent of the number of keys).
-inline constexpr Index attention_floats(Index D) {
-  return 2 * kAmxTileMaxRows * D / 2 + 4 * 64 * D / 2 + 64 * 64 + 2 * 64 * 64 / 2 + 64 * D +
-         kAmxTileMaxRows * D + 3 * kAmxTileMaxRows + 4 * 64;
-}
-
-// Whether the AMX core takes this head size (else the float32 core runs): a multiple of 32, up to
-// 256.
-inline bool attention_fits(Index head_dim) { return head_dim % 32 == 0 && head_dim <= 256; }
 
 struct AmxTileScratch {
   std::uint16_t *qb, *ql, *kt, *kl, *vp, *vl, *pb, *pl;

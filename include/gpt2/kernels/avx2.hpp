@@ -17,11 +17,11 @@
 #include <cstring>
 #include <limits>
 
+#include "gpt2/kernels/cpu.hpp"
 #include "gpt2/types.hpp"
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if GPT2_KERNELS_HAVE_AVX2
 #include <immintrin.h>
-#define GPT2_KERNELS_HAVE_AVX2 1
 #define GPT2_KERNEL_AVX2 __attribute__((target("avx2,fma")))
 
 namespace gpt2::kernels::avx2 {
@@ -541,6 +541,4 @@ GPT2_KERNEL_AVX2 inline void softmax_row(float* row, Index n, Index n_keys, floa
 
 }  // namespace gpt2::kernels::avx2
 
-#else
-#define GPT2_KERNELS_HAVE_AVX2 0
 #endif

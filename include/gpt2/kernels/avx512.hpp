@@ -21,7 +21,7 @@
 #include "gpt2/kernels/pack.hpp"
 #include "gpt2/types.hpp"
 
-#if GPT2_ATTENTION_X86
+#if GPT2_KERNELS_HAVE_AVX512
 // GCC 12's avx512fintrin.h initializes "undefined" vectors with `__m512 __Y = __Y;`, which its
 // -Wmaybe-uninitialized reports in the code that inlines them (GCC bug 105593): silenced here,
 // for this file's kernels only, so that consumers building with -Wall -Werror are not affected.
@@ -32,10 +32,7 @@
 #define GPT2_KERNELS_AVX512_DIAGNOSTICS_PUSHED 1
 #endif
 #include <immintrin.h>
-#define GPT2_KERNELS_HAVE_AVX512 1
 #define GPT2_KERNEL_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
-#else
-#define GPT2_KERNELS_HAVE_AVX512 0
 #endif
 
 #if GPT2_KERNELS_HAVE_AVX512

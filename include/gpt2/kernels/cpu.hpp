@@ -3,7 +3,9 @@
 // or the instructions fault even where cpuid lists them).
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
@@ -11,6 +13,27 @@
 #define GPT2_ATTENTION_X86 1
 #else
 #define GPT2_ATTENTION_X86 0
+#endif
+
+// The vector levels this compiler builds (their kernels carry per-function target attributes, so
+// no -m flag is needed): avx2 and avx512 with GCC or clang on x86; amx (tile intrinsics) also needs
+// clang or GCC 11.
+#if GPT2_ATTENTION_X86
+#define GPT2_KERNELS_HAVE_AVX2 1
+#define GPT2_KERNELS_HAVE_AVX512 1
+#else
+#define GPT2_KERNELS_HAVE_AVX2 0
+#define GPT2_KERNELS_HAVE_AVX512 0
+#endif
+#if GPT2_KERNELS_HAVE_AVX512 && (defined(__clang__) || __GNUC__ >= 11)
+#define GPT2_KERNELS_HAVE_AMX 1
+#else
+#define GPT2_KERNELS_HAVE_AMX 0
+#endif
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace gpt2::kernels {
@@ -101,6 +124,34 @@ inline CpuFeatures detect_cpu_features() {
 }
 
 }  // namespace detail
+
+// Whether this process may use the AMX tile data (asked once; Linux only), and why not.
+struct AmxPermission {
+  bool granted = false;
+  std::string reason;  // empty when granted
+};
+
+inline AmxPermission request_amx_permission() {
+  AmxPermission p;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) {
+    p.granted = true;
+  } else {
+    p.reason = "the kernel refused the AMX tile data (arch_prctl(ARCH_REQ_XCOMP_PERM): " +
+               std::string(std::strerror(errno)) + ")";
+  }
+#else
+  p.reason = "AMX needs Linux's arch_prctl(ARCH_REQ_XCOMP_PERM) in this build";
+#endif
+  return p;
+}
+
+// Asked once per process, on the first call (thread-safe).
+inline const AmxPermission& amx_permission() {
+  static const AmxPermission permission = request_amx_permission();
+  return permission;
+}
 
 // The features of this machine, detected on the first call (thread-safe) and cached.
 inline const CpuFeatures& cpu_features() {

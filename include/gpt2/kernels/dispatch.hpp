@@ -72,18 +72,39 @@
 #include <vector>
 
 #include "gpt2/error.hpp"
-#include "gpt2/kernels/amx.hpp"
 #include "gpt2/kernels/attention_tile.hpp"
+#include "gpt2/kernels/bf16.hpp"
+#include "gpt2/kernels/cpu.hpp"
+#include "gpt2/kernels/pack.hpp"
+#include "gpt2/types.hpp"
+
+// Compiling the kernels once. By default every translation unit that uses the library compiles
+// the kernels of every level (header-only). A program of many translation units can instead define
+// GPT2_ATTENTION_SEPARATE_KERNELS in all of them and, in exactly one, also
+// GPT2_ATTENTION_KERNELS_IMPLEMENTATION before including any gpt2 header: the three entry points
+// below (float_kernels, bf16_gemm, bf16_attention_tile) are then only declared elsewhere and
+// defined in that one, which alone compiles the kernels. The code that runs is the same.
+#if defined(GPT2_ATTENTION_KERNELS_IMPLEMENTATION) && !defined(GPT2_ATTENTION_SEPARATE_KERNELS)
+#error "GPT2_ATTENTION_KERNELS_IMPLEMENTATION needs GPT2_ATTENTION_SEPARATE_KERNELS (in every translation unit)"
+#endif
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS) && !defined(GPT2_ATTENTION_KERNELS_IMPLEMENTATION)
+#define GPT2_KERNELS_DECLARED_ONLY 1
+#else
+#define GPT2_KERNELS_DECLARED_ONLY 0
+#include "gpt2/kernels/amx.hpp"
+#include "gpt2/kernels/amx_attention.hpp"
 #include "gpt2/kernels/avx2.hpp"
 #include "gpt2/kernels/avx2_attention.hpp"
 #include "gpt2/kernels/avx2_bf16.hpp"
 #include "gpt2/kernels/avx512.hpp"
 #include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/kernels/avx512_bf16.hpp"
-#include "gpt2/kernels/bf16.hpp"
-#include "gpt2/kernels/cpu.hpp"
-#include "gpt2/kernels/pack.hpp"
-#include "gpt2/types.hpp"
+#endif
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
+#define GPT2_KERNELS_ENTRY
+#else
+#define GPT2_KERNELS_ENTRY inline
+#endif
 
 namespace gpt2 {
 
@@ -291,7 +312,10 @@ struct FloatKernels {
 
 // The table of a vector level (null for generic, and for a level this build does not have);
 // avx512_bf16 and amx run avx512's.
-inline const FloatKernels* float_kernels(Isa isa) {
+#if GPT2_KERNELS_DECLARED_ONLY
+const FloatKernels* float_kernels(Isa isa);
+#else
+GPT2_KERNELS_ENTRY const FloatKernels* float_kernels(Isa isa) {
   isa = float_level(isa);
 #if GPT2_KERNELS_HAVE_AVX512
   static const FloatKernels avx512_table{Isa::avx512,           avx512::gemm,
@@ -314,6 +338,7 @@ inline const FloatKernels* float_kernels(Isa isa) {
   (void)isa;
   return nullptr;
 }
+#endif
 
 // The active level's float kernels, or null at the generic level (the math then runs Eigen).
 inline const FloatKernels* float_kernels() { return float_kernels(active_isa()); }
@@ -328,7 +353,10 @@ using Bf16Gemm = void (*)(Index M, Index N, Index K, const float* A, Index lda,
 
 // The bf16 product of a vector level (null for generic, which runs kernels::generic::gemm_bf16
 // through Eigen, and for a level this build does not have).
-inline Bf16Gemm bf16_gemm(Isa isa) {
+#if GPT2_KERNELS_DECLARED_ONLY
+Bf16Gemm bf16_gemm(Isa isa);
+#else
+GPT2_KERNELS_ENTRY Bf16Gemm bf16_gemm(Isa isa) {
   switch (isa) {
 #if GPT2_KERNELS_HAVE_AMX
     case Isa::amx: return amx::gemm_bf16;
@@ -343,6 +371,24 @@ inline Bf16Gemm bf16_gemm(Isa isa) {
     default: return nullptr;
   }
 }
+#endif
+
+// A level's attention core for tiles with bf16 products (bf16 weights): amx's AMX core for tiles
+// of amx::kAmxMinRows rows or more whose head size amx::attention_fits; null at every other level
+// (the float32 core runs).
+using Bf16AttentionTile = void (*)(const AttentionTile<float>& tile);
+
+#if GPT2_KERNELS_DECLARED_ONLY
+Bf16AttentionTile bf16_attention_tile(Isa isa);
+#else
+GPT2_KERNELS_ENTRY Bf16AttentionTile bf16_attention_tile(Isa isa) {
+#if GPT2_KERNELS_HAVE_AMX
+  if (isa == Isa::amx) return amx::attention_tile_bf16;
+#endif
+  (void)isa;
+  return nullptr;
+}
+#endif
 
 }  // namespace kernels
 }  // namespace gpt2
