@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <type_traits>
 
 #include <numeric>
 #include <vector>
@@ -32,6 +33,20 @@ using gpt2::test::random_model;
 // these tests: see ChunkedEqualsWhole's output. Bound: relative to max |expected|.
 template <class T>
 constexpr double kChunkTolerance = sizeof(T) == 4 ? 4e-6 : 1e-14;
+
+// Caches are megabytes: copies are explicit (copy(), copy_from()), moves never throw. The same
+// for the bf16 cache (both are detail::KVStorage).
+static_assert(!std::is_copy_constructible<KVCache<float>>::value &&
+                  !std::is_copy_assignable<KVCache<double>>::value,
+              "a KVCache is copied only explicitly");
+static_assert(std::is_nothrow_move_constructible<KVCache<float>>::value &&
+                  std::is_nothrow_move_assignable<KVCache<double>>::value,
+              "moving a KVCache cannot throw");
+static_assert(!std::is_copy_constructible<gpt2::KVCacheBF16>::value &&
+                  !std::is_copy_assignable<gpt2::KVCacheBF16>::value &&
+                  std::is_nothrow_move_constructible<gpt2::KVCacheBF16>::value &&
+                  std::is_nothrow_move_assignable<gpt2::KVCacheBF16>::value,
+              "KVCacheBF16: explicit copies, moves that cannot throw");
 
 template <class T>
 class KVCacheTest : public ::testing::Test {};

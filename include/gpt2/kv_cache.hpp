@@ -9,6 +9,7 @@
 // [capacity, C] would make every head's read a strided walk over all heads' data.)
 #pragma once
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <utility>
@@ -19,79 +20,23 @@
 
 namespace gpt2 {
 
-// Owns keys and values [n_head, capacity, head_dim]; rows 0 .. n_past - 1 of each head are the
-// cached positions. Allocates only in its constructor and in copy(). Not thread-safe: one
-// sequence, one thread at a time. Copying is explicit (copy(), copy_from()): a cache is megabytes.
-template <class T>
-class KVCache {
+namespace detail {
+
+// What KVCache<T> and KVCacheBF16 (kv_cache_bf16.hpp) share: keys and values [n_head, capacity,
+// head_dim] of element type E, as [n_head * capacity, head_dim] row-major matrices (head h's
+// position p at row h * capacity + p), the count of cached positions and the bookkeeping around
+// it. The caches add what differs: how a key or value is stored (copied, or rounded to bf16) and
+// how it is read back. Allocates only in its constructor.
+template <class E>
+class KVStorage {
  public:
-  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim scalars.
-  KVCache(const AttentionConfig& config, Index max_tokens) : config_(config) {
-    config_.validate();
-    if (max_tokens < 0)
-      throw ShapeError("max_tokens: expected a non-negative count, got " +
-                       std::to_string(max_tokens));
-    if (max_tokens > std::numeric_limits<Index>::max() / config_.n_embd)
-      throw CapacityError("KV cache: " + std::to_string(max_tokens) + " positions of n_embd " +
-                          std::to_string(config_.n_embd) + " overflow the index type");
-    capacity_ = max_tokens;
-    keys_.resize(config_.n_head * capacity_, config_.head_dim());
-    values_.resize(config_.n_head * capacity_, config_.head_dim());
-  }
-
-  // No implicit copies (a cache is megabytes): copy() and copy_from() are the explicit ones.
-  KVCache(const KVCache&) = delete;
-  KVCache& operator=(const KVCache&) = delete;
-  // Moving leaves the source empty (capacity 0, nothing cached).
-  KVCache(KVCache&& other) noexcept
-      : config_(other.config_),
-        capacity_(std::exchange(other.capacity_, 0)),
-        n_past_(std::exchange(other.n_past_, 0)),
-        keys_(std::move(other.keys_)),
-        values_(std::move(other.values_)) {
-    other.keys_.resize(0, config_.head_dim());  // Eigen leaves it 0 x 0; keys(h) needs the width
-    other.values_.resize(0, config_.head_dim());
-  }
-  KVCache& operator=(KVCache&& other) noexcept {
-    if (&other != this) {
-      config_ = other.config_;
-      capacity_ = std::exchange(other.capacity_, 0);
-      n_past_ = std::exchange(other.n_past_, 0);
-      keys_ = std::move(other.keys_);
-      values_ = std::move(other.values_);
-      other.keys_.resize(0, other.keys_.cols());  // Eigen's move assignment swaps: free ours
-      other.values_.resize(0, other.values_.cols());
-    }
-    return *this;
-  }
-
-  // A deep copy (allocates a cache of the same capacity; copies the n_past cached rows).
-  KVCache copy() const {
-    KVCache c(config_, capacity_);
-    c.copy_from(*this);
-    return c;
-  }
-
-  // Makes this cache hold what `other` holds, reusing this cache's storage (no allocation), e.g. to
-  // fork a beam. Needs the same config and a capacity of at least other.n_past().
-  void copy_from(const KVCache& other) {
-    if (&other == this) return;
-    check_same_config(other.config_, "copy_from: the source cache");
-    if (other.n_past_ > capacity_)
-      throw CapacityError("KV cache: cannot copy " + std::to_string(other.n_past_) +
-                          " cached tokens into a cache with capacity " + std::to_string(capacity_));
-    for (Index h = 0; h < config_.n_head; ++h) {
-      block(keys_, h).topRows(other.n_past_) = other.keys(h);
-      block(values_, h).topRows(other.n_past_) = other.values(h);
-    }
-    n_past_ = other.n_past_;
-  }
+  using Storage = RowMatrix<E>;
 
   const AttentionConfig& config() const { return config_; }
   Index capacity() const { return capacity_; }          // positions it has room for in all
   Index n_past() const { return n_past_; }              // positions cached
   // Bytes of the key and value storage (allocated in full by the constructor).
-  Index bytes() const { return (keys_.size() + values_.size()) * static_cast<Index>(sizeof(T)); }
+  Index bytes() const { return (keys_.size() + values_.size()) * static_cast<Index>(sizeof(E)); }
   Index remaining() const { return capacity_ - n_past_; }  // positions that still fit
 
   // Forgets every position (keeps the storage).
@@ -106,13 +51,6 @@ class KVCache {
     n_past_ = n;
   }
 
-  // Head h's cached keys / values [n_past, head_dim] (views into the cache, valid until it is
-  // moved from or destroyed; their contents change with append, reset and copy_from).
-  ConstMatrixRef<T> keys(Index h) const { return block(keys_, check_head(h)).topRows(n_past_); }
-  ConstMatrixRef<T> values(Index h) const {
-    return block(values_, check_head(h)).topRows(n_past_);
-  }
-
   // Throws CapacityError unless `count` more positions fit. Changes nothing.
   void check_room(Index count) const {
     if (count < 0 || count > remaining())
@@ -121,24 +59,185 @@ class KVCache {
                           std::to_string(capacity_) + " tokens");
   }
 
+  // The whole storage of keys / values [n_head * capacity, head_dim] (row h*capacity + p holds
+  // head h's position p), read-only views into the cache (valid while it is neither moved from nor
+  // destroyed): for overlap checks and inspection. Rows from n_past on are free space (they may
+  // hold what a rolled-back forward wrote). Fill the cache with append().
+  ConstMatrixRef<E> key_storage() const { return keys_; }
+  ConstMatrixRef<E> value_storage() const { return values_; }
+
+ protected:
+  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements.
+  KVStorage(const AttentionConfig& config, Index max_tokens) : config_(config) {
+    config_.validate();
+    if (max_tokens < 0)
+      throw ShapeError("max_tokens: expected a non-negative count, got " +
+                       std::to_string(max_tokens));
+    if (max_tokens > std::numeric_limits<Index>::max() / config_.n_embd)
+      throw CapacityError("KV cache: " + std::to_string(max_tokens) + " positions of n_embd " +
+                          std::to_string(config_.n_embd) + " overflow the index type");
+    capacity_ = max_tokens;
+    keys_.resize(config_.n_head * capacity_, config_.head_dim());
+    values_.resize(config_.n_head * capacity_, config_.head_dim());
+  }
+
+  // No implicit copies (a cache is megabytes): the caches' copy() and copy_from() are the
+  // explicit ones.
+  KVStorage(const KVStorage&) = delete;
+  KVStorage& operator=(const KVStorage&) = delete;
+  // Moving leaves the source empty (capacity 0, nothing cached).
+  KVStorage(KVStorage&& other) noexcept
+      : config_(other.config_),
+        capacity_(std::exchange(other.capacity_, 0)),
+        n_past_(std::exchange(other.n_past_, 0)),
+        keys_(std::move(other.keys_)),
+        values_(std::move(other.values_)) {
+    other.keys_.resize(0, config_.head_dim());  // Eigen leaves it 0 x 0; views need the width
+    other.values_.resize(0, config_.head_dim());
+  }
+  KVStorage& operator=(KVStorage&& other) noexcept {
+    if (&other != this) {
+      config_ = other.config_;
+      capacity_ = std::exchange(other.capacity_, 0);
+      n_past_ = std::exchange(other.n_past_, 0);
+      keys_ = std::move(other.keys_);
+      values_ = std::move(other.values_);
+      other.keys_.resize(0, other.keys_.cols());  // Eigen's move assignment swaps: free ours
+      other.values_.resize(0, other.values_.cols());
+    }
+    return *this;
+  }
+  ~KVStorage() = default;
+
+  // Head h's cached keys / values [n_past, head_dim] (views into the storage).
+  ConstMatrixRef<E> head_keys(Index h) const { return block(keys_, check_head(h)).topRows(n_past_); }
+  ConstMatrixRef<E> head_values(Index h) const {
+    return block(values_, check_head(h)).topRows(n_past_);
+  }
+
+  // This storage made to hold what `other` holds, reusing it (no allocation). Needs the same
+  // config and a capacity of at least other.n_past().
+  void copy_rows_from(const KVStorage& other) {
+    if (&other == this) return;
+    if (other.config_.n_embd != config_.n_embd || other.config_.n_head != config_.n_head)
+      throw ConfigError("copy_from: the source cache: expected n_embd " +
+                        std::to_string(config_.n_embd) + ", n_head " +
+                        std::to_string(config_.n_head) + ", got n_embd " +
+                        std::to_string(other.config_.n_embd) + ", n_head " +
+                        std::to_string(other.config_.n_head));
+    if (other.n_past_ > capacity_)
+      throw CapacityError("KV cache: cannot copy " + std::to_string(other.n_past_) +
+                          " cached tokens into a cache with capacity " + std::to_string(capacity_));
+    for (Index h = 0; h < config_.n_head; ++h) {
+      block(keys_, h).topRows(other.n_past_) = other.head_keys(h);
+      block(values_, h).topRows(other.n_past_) = other.head_values(h);
+    }
+    n_past_ = other.n_past_;
+  }
+
+  // Appends positions n_past .. n_past + n - 1 from k, v [n, C] (every head's rows side by side,
+  // head h at columns h * head_dim: the k and v blocks of a qkv matrix), each row of head_dim
+  // scalars stored by put(src, head_dim, dst). CapacityError (nothing changed) when they do not
+  // fit. Allocates nothing.
+  template <class S, class Put>
+  void append_rows(const ConstMatrixRef<S>& k, const ConstMatrixRef<S>& v, Put put) {
+    const Index n = k.rows(), C = config_.n_embd, hd = config_.head_dim();
+    check_shape("k", {n, C}, {k.rows(), k.cols()});
+    check_shape("v", {n, C}, {v.rows(), v.cols()});
+    check_room(n);
+    for (Index h = 0; h < config_.n_head; ++h)
+      for (Index i = 0; i < n; ++i) {
+        put(k.row(i).data() + h * hd, hd, row_of(keys_, h, n_past_ + i));
+        put(v.row(i).data() + h * hd, hd, row_of(values_, h, n_past_ + i));
+      }
+    n_past_ += n;
+  }
+
+  // The same from k, v [n_head * n, head_dim] given head by head (Hugging Face's past_key_values
+  // of one sequence: rows h*n .. h*n + n - 1 are head h's).
+  template <class S, class Put>
+  void append_head_rows(const ConstMatrixRef<S>& k, const ConstMatrixRef<S>& v, Put put) {
+    const Index H = config_.n_head, hd = config_.head_dim();
+    if (k.rows() % H != 0 || k.cols() != hd)
+      throw ShapeError("k: expected shape [n_head * n, " + std::to_string(hd) + "] with n_head " +
+                       std::to_string(H) + ", got " + shape_string({k.rows(), k.cols()}));
+    const Index n = k.rows() / H;
+    check_shape("v", {H * n, hd}, {v.rows(), v.cols()});
+    check_room(n);
+    for (Index h = 0; h < H; ++h)
+      for (Index i = 0; i < n; ++i) {
+        put(k.row(h * n + i).data(), hd, row_of(keys_, h, n_past_ + i));
+        put(v.row(h * n + i).data(), hd, row_of(values_, h, n_past_ + i));
+      }
+    n_past_ += n;
+  }
+
+  Index check_head(Index h) const {
+    if (h < 0 || h >= config_.n_head)
+      throw ShapeError("head: expected an index in [0, " + std::to_string(config_.n_head) +
+                       "), got " + std::to_string(h));
+    return h;
+  }
+
+ private:
+  typename Storage::RowsBlockXpr block(Storage& storage, Index h) {
+    return storage.middleRows(h * capacity_, capacity_);
+  }
+  typename Storage::ConstRowsBlockXpr block(const Storage& storage, Index h) const {
+    return storage.middleRows(h * capacity_, capacity_);
+  }
+  E* row_of(Storage& storage, Index h, Index p) {
+    return storage.data() + (h * capacity_ + p) * config_.head_dim();
+  }
+
+  AttentionConfig config_;
+  Index capacity_ = 0;
+  Index n_past_ = 0;
+  Storage keys_;    // [n_head * capacity, head_dim]
+  Storage values_;  // [n_head * capacity, head_dim]
+};
+
+}  // namespace detail
+
+// Owns keys and values [n_head, capacity, head_dim]; rows 0 .. n_past - 1 of each head are the
+// cached positions. Allocates only in its constructor and in copy(). Not thread-safe: one
+// sequence, one thread at a time. Copying is explicit (copy(), copy_from()): a cache is megabytes.
+// config(), capacity(), n_past(), bytes(), remaining(), reset(), truncate(n), check_room(n),
+// key_storage(), value_storage(): detail::KVStorage's, above.
+template <class T>
+class KVCache : public detail::KVStorage<T> {
+  using Base = detail::KVStorage<T>;
+
+ public:
+  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim scalars.
+  KVCache(const AttentionConfig& config, Index max_tokens) : Base(config, max_tokens) {}
+
+  KVCache(KVCache&&) noexcept = default;             // leaves the source empty
+  KVCache& operator=(KVCache&&) noexcept = default;  // (capacity 0, nothing cached)
+
+  // A deep copy (allocates a cache of the same capacity; copies the n_past cached rows).
+  KVCache copy() const {
+    KVCache c(this->config(), this->capacity());
+    c.copy_from(*this);
+    return c;
+  }
+
+  // Makes this cache hold what `other` holds, reusing this cache's storage (no allocation), e.g. to
+  // fork a beam. Needs the same config and a capacity of at least other.n_past().
+  void copy_from(const KVCache& other) { this->copy_rows_from(other); }
+
+  // Head h's cached keys / values [n_past, head_dim] (views into the cache, valid until it is
+  // moved from or destroyed; their contents change with append, reset and copy_from).
+  ConstMatrixRef<T> keys(Index h) const { return this->head_keys(h); }
+  ConstMatrixRef<T> values(Index h) const { return this->head_values(h); }
+
   // Appends positions n_past .. n_past + n - 1:
   //   k, v [n, C]: every head's key (value) rows side by side, head h at columns h*head_dim, i.e.
   //   the k (v) block of a qkv matrix: qkv.middleCols(C, C) (qkv.middleCols(2 * C, C)).
   // Throws CapacityError (cache unchanged) when they do not fit. Allocates nothing.
   template <class DK, class DV>
-  void append(const Eigen::MatrixBase<DK>& k_in, const Eigen::MatrixBase<DV>& v_in) {
-    const ConstMatrixRef<T> k = detail::as_view<T>(k_in);
-    const ConstMatrixRef<T> v = detail::as_view<T>(v_in);
-    const Index n = k.rows(), C = config_.n_embd, hd = config_.head_dim();
-    detail::check_shape("k", {n, C}, {k.rows(), k.cols()});
-    detail::check_shape("v", {n, C}, {v.rows(), v.cols()});
-    check_room(n);
-    if (n == 0) return;  // an empty k may have no storage: no views into it (null + offset is UB)
-    for (Index h = 0; h < config_.n_head; ++h) {
-      block(keys_, h).middleRows(n_past_, n) = k.middleCols(h * hd, hd);
-      block(values_, h).middleRows(n_past_, n) = v.middleCols(h * hd, hd);
-    }
-    n_past_ += n;
+  void append(const Eigen::MatrixBase<DK>& k, const Eigen::MatrixBase<DV>& v) {
+    this->template append_rows<T>(detail::as_view<T>(k), detail::as_view<T>(v), copy_row);
   }
 
   // Appends n positions given head by head, as Hugging Face's past_key_values hold them:
@@ -146,54 +245,12 @@ class KVCache {
   //   (layer_past[0][b], layer_past[1][b]); rows h*n .. h*n + n - 1 are head h's.
   // Throws CapacityError (cache unchanged) when they do not fit. Allocates nothing.
   template <class DK, class DV>
-  void append_past(const Eigen::MatrixBase<DK>& k_in, const Eigen::MatrixBase<DV>& v_in) {
-    const ConstMatrixRef<T> k = detail::as_view<T>(k_in);
-    const ConstMatrixRef<T> v = detail::as_view<T>(v_in);
-    const Index H = config_.n_head, hd = config_.head_dim();
-    if (k.rows() % H != 0 || k.cols() != hd)
-      throw ShapeError("k: expected shape [n_head * n, " + std::to_string(hd) + "] with n_head " +
-                       std::to_string(H) + ", got " + detail::shape_string({k.rows(), k.cols()}));
-    const Index n = k.rows() / H;
-    detail::check_shape("v", {H * n, hd}, {v.rows(), v.cols()});
-    check_room(n);
-    if (n == 0) return;  // as in append
-    for (Index h = 0; h < H; ++h) {
-      block(keys_, h).middleRows(n_past_, n) = k.middleRows(h * n, n);
-      block(values_, h).middleRows(n_past_, n) = v.middleRows(h * n, n);
-    }
-    n_past_ += n;
+  void append_past(const Eigen::MatrixBase<DK>& k, const Eigen::MatrixBase<DV>& v) {
+    this->template append_head_rows<T>(detail::as_view<T>(k), detail::as_view<T>(v), copy_row);
   }
-
-  // The whole storage of keys / values [n_head * capacity, head_dim] (row h*capacity + p holds
-  // head h's position p), read-only views into the cache (valid while it is neither moved from nor
-  // destroyed): for overlap checks and inspection. Rows from n_past on are free space (they may
-  // hold what a rolled-back forward wrote). Fill the cache with append().
-  ConstMatrixRef<T> key_storage() const { return keys_; }
-  ConstMatrixRef<T> value_storage() const { return values_; }
 
  private:
-  template <class M>
-  auto block(M& storage, Index h) const {
-    return storage.middleRows(h * capacity_, capacity_);
-  }
-  Index check_head(Index h) const {
-    if (h < 0 || h >= config_.n_head)
-      throw ShapeError("head: expected an index in [0, " + std::to_string(config_.n_head) +
-                       "), got " + std::to_string(h));
-    return h;
-  }
-  void check_same_config(const AttentionConfig& other, const std::string& what) const {
-    if (other.n_embd != config_.n_embd || other.n_head != config_.n_head)
-      throw ConfigError(what + ": expected n_embd " + std::to_string(config_.n_embd) +
-                        ", n_head " + std::to_string(config_.n_head) + ", got n_embd " +
-                        std::to_string(other.n_embd) + ", n_head " + std::to_string(other.n_head));
-  }
-
-  AttentionConfig config_;
-  Index capacity_ = 0;
-  Index n_past_ = 0;
-  RowMatrix<T> keys_;    // [n_head * capacity, head_dim]
-  RowMatrix<T> values_;  // [n_head * capacity, head_dim]
+  static void copy_row(const T* src, Index n, T* dst) { std::copy_n(src, n, dst); }
 };
 
 }  // namespace gpt2
