@@ -226,6 +226,7 @@ const Case kCases[] = {
     {"head_dim_32_odd_lengths", 96, 3, 203, 77},
     {"head_dim_80", 160, 2, 150, 64},
     {"one_head_split_over_threads", 64, 1, 600, 100},  // fewer heads than threads: key runs split
+    {"head_dim_20_row_tails", 60, 3, 140, 70},  // rows end mid-vector (avx2's 8, avx512's 16)
 };
 
 class KVCacheBF16Forward : public ::testing::TestWithParam<Case> {};

@@ -12,8 +12,8 @@
 //
 // Decode steps (one new row, no probabilities) read the cache once, each 64-key block giving a
 // partial, and merge the partials in block order (the bits of the unsplit tile,
-// kernels/attention_tile.hpp). At avx512 and up the kernel reads the bf16 keys and values in place
-// (row_partials_kv_bf16, widening in registers); elsewhere each head's blocks are widened
+// kernels/attention_tile.hpp). At the vector levels the kernel reads the bf16 keys and values in
+// place (row_partials_kv_bf16, widening in registers); at generic each head's blocks are widened
 // kWidenBlocks at a time into the thread's scratch (L2-resident) and read there. Longer forwards
 // widen each (head, row tile)'s visible keys whole.
 #pragma once

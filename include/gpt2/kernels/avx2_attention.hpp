@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 
 #include "gpt2/kernels/attention_tile.hpp"
@@ -42,16 +43,34 @@ GPT2_KERNEL_AVX2 inline void transpose8(__m256 (&r)[8]) {
   }
 }
 
-// kt[d][j] = rows[j][d] for j < n, 0 for n <= j < kKeyBlock; d < head_dim.
-GPT2_KERNEL_AVX2 inline void pack_keys_t(const float* const* rows, Index n, Index head_dim,
-                                         float* kt) {
+// The 8 elements at p as floats, lanes past `count` (< 8) zero: float32 as they are, bf16 bits
+// widened (exact). The float core reads float32 keys and values; a bf16 KV cache's decode steps
+// read bf16.
+GPT2_KERNEL_AVX2 inline __m256 load8(const float* p, Index count) {
+  return _mm256_maskload_ps(p, lanes(count));
+}
+GPT2_KERNEL_AVX2 inline __m256 load8(const std::uint16_t* p, Index count) {
+  __m128i bits;
+  if (count >= 8) {
+    bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  } else {  // a row's tail (head_dim not a multiple of 8): no 16-bit masked load in AVX2
+    alignas(16) std::uint16_t tail[8] = {};
+    for (Index i = 0; i < std::max<Index>(0, count); ++i) tail[i] = p[i];
+    bits = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
+  }
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// kt[d][j] = rows[j][d] for j < n, 0 for n <= j < kKeyBlock; d < head_dim (rows of float32 or of
+// bf16 bits, E).
+template <class E>
+GPT2_KERNEL_AVX2 inline void pack_keys_t(const E* const* rows, Index n, Index head_dim, float* kt) {
   __m256 r[8];
   for (Index j0 = 0; j0 < kKeyBlock; j0 += 8) {
     for (Index d0 = 0; d0 < head_dim; d0 += 8) {
-      const __m256i dm = lanes(head_dim - d0);
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i)
-        r[i] = j0 + i < n ? _mm256_maskload_ps(rows[j0 + i] + d0, dm) : _mm256_setzero_ps();
+        r[i] = j0 + i < n ? load8(rows[j0 + i] + d0, head_dim - d0) : _mm256_setzero_ps();
       transpose8(r);
       const Index dn = std::min<Index>(8, head_dim - d0);
       for (Index i = 0; i < dn; ++i) _mm256_store_ps(kt + (d0 + i) * kKeyBlock + j0, r[i]);
@@ -60,13 +79,13 @@ GPT2_KERNEL_AVX2 inline void pack_keys_t(const float* const* rows, Index n, Inde
 }
 
 // vb[j][0 .. hdp) = rows[j][0 .. head_dim) and zeros, j < n (the block's values, aligned and
-// contiguous: read by every row group of the tile).
-GPT2_KERNEL_AVX2 inline void pack_values(const float* const* rows, Index n, Index head_dim,
-                                         float* vb) {
+// contiguous: read by every row group of the tile; float32 or bf16 bits, E).
+template <class E>
+GPT2_KERNEL_AVX2 inline void pack_values(const E* const* rows, Index n, Index head_dim, float* vb) {
   const Index hdp = padded_head_dim(head_dim);
   for (Index j = 0; j < n; ++j)
     for (Index d0 = 0; d0 < hdp; d0 += 8)
-      _mm256_store_ps(vb + j * hdp + d0, _mm256_maskload_ps(rows[j] + d0, lanes(head_dim - d0)));
+      _mm256_store_ps(vb + j * hdp + d0, load8(rows[j] + d0, head_dim - d0));
 }
 
 // Row r's block statistics from its 64 stored scores (n visible): p stored over them, then the
@@ -251,18 +270,22 @@ GPT2_KERNEL_AVX2 inline void init_row(const AttentionTile<float>& t, TileScratch
   ts.l[0] = 0.0f;
 }
 
-// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
-GPT2_KERNEL_AVX2 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
-                                          Index block_end, float* parts) {
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end), keys
+// and values in the given pages (float32, or bf16 bits: the same arithmetic on the widened values).
+template <class E>
+GPT2_KERNEL_AVX2 inline void row_partials_of(const AttentionTile<float>& t,
+                                             const E* const* key_pages,
+                                             const E* const* value_pages, Index block_begin,
+                                             Index block_end, float* parts) {
   const Index hd = t.head_dim, stride = partial_stride(hd);
   TileScratch<float> ts(t.scratch, hd);
   init_row(t, ts);
-  const float* krow[kKeyBlock];
-  const float* vrow[kKeyBlock];
+  const E* krow[kKeyBlock];
+  const E* vrow[kKeyBlock];
   for (Index b = block_begin; b < block_end; ++b) {
     const Index b0 = b * kKeyBlock, n = visible_in_block(t.first_pos, b0);
-    page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n, krow);
-    page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n, vrow);
+    page_rows_of<E>(key_pages, t.page_rows, t.key_stride, b0, n, krow);
+    page_rows_of<E>(value_pages, t.page_rows, t.value_stride, b0, n, vrow);
     pack_keys_t(krow, n, hd, ts.kt);
     pack_values(vrow, n, hd, ts.vb);
     score_rows<1>(0, 0, t, ts);
@@ -271,6 +294,20 @@ GPT2_KERNEL_AVX2 inline void row_partials(const AttentionTile<float>& t, Index b
     block_stats(n, ts.p, part);
     value_rows_all<1>(0, b0, t, ts, part + kPartialHeader);
   }
+}
+
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
+GPT2_KERNEL_AVX2 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
+                                          Index block_end, float* parts) {
+  row_partials_of(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
+}
+
+// The same with keys and values as bf16 bits (t.key_pages_bf16, t.value_pages_bf16; strides in
+// bf16 elements): a bf16 KV cache's decode step, bitwise row_partials on the widened values.
+GPT2_KERNEL_AVX2 inline void row_partials_kv_bf16(const AttentionTile<float>& t,
+                                                  Index block_begin, Index block_end,
+                                                  float* parts) {
+  row_partials_of(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
 }
 
 // Row 0's running state merged with a partial.

@@ -48,10 +48,9 @@
 //   merge_row_partials(tile, n_blocks, parts)        its output from all of them, merged in order
 //                                                    (the tile's own bits)
 //   row_partials_kv_bf16(tile, b0, b1, parts)         row_partials over keys and values held as
-//                                                    bf16 bits (a KVCacheBF16's decode step):
-//                                                    avx512 only, bitwise row_partials on the
-//                                                    widened values (null at avx2: the caller
-//                                                    widens into a buffer first)
+//                                                    bf16 bits (a KVCacheBF16's decode step),
+//                                                    bitwise row_partials on the widened values
+//                                                    (widened in registers)
 // with these bit-for-bit contracts, identical at avx2 and avx512 (so the two levels give the same
 // bits), checked by tests/test_kernels.cpp against the scalar emulation in tests/kernel_emulation.hpp:
 // - the gemm family: every element of C is one chain of fused multiply-adds in k order, starting
@@ -305,7 +304,7 @@ struct FloatKernels {
   void (*merge_row_partials)(const AttentionTile<float>& tile, Index n_blocks,
                              const float* partials);
   // row_partials over keys and values held as bf16 bits (tile.key_pages_bf16, value_pages_bf16),
-  // bitwise row_partials on the widened values; null where the level has none (the caller widens).
+  // bitwise row_partials on the widened values (at generic, which has no table, the caller widens).
   void (*row_partials_kv_bf16)(const AttentionTile<float>& tile, Index block_begin,
                                Index block_end, float* partials);
 };
@@ -332,7 +331,7 @@ GPT2_KERNELS_ENTRY const FloatKernels* float_kernels(Isa isa) {
                                        avx2::row_times_packed, avx2::row_times_transposed,
                                        avx2::softmax_row,    avx2::attention_tile,
                                        avx2::row_partials,   avx2::merge_row_partials,
-                                       nullptr};
+                                       avx2::row_partials_kv_bf16};
   if (isa == Isa::avx2) return &avx2_table;
 #endif
   (void)isa;
