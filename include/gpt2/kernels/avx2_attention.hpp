@@ -43,13 +43,13 @@ GPT2_KERNEL_AVX2 inline void transpose8(__m256 (&r)[8]) {
   }
 }
 
-// The 8 elements at p as floats, lanes past `count` (< 8) zero: float32 as they are, bf16 bits
-// widened (exact). The float core reads float32 keys and values; a bf16 KV cache's decode steps
-// read bf16.
-GPT2_KERNEL_AVX2 inline __m256 load8(const float* p, Index count) {
-  return _mm256_maskload_ps(p, lanes(count));
+// The 8 elements at p as floats, lanes past `count` (< 8) zero (m = lanes(count)): float32 as they
+// are, bf16 bits widened (exact). The float core reads float32 keys and values; a bf16 KV cache's
+// decode steps read bf16.
+GPT2_KERNEL_AVX2 inline __m256 load8(const float* p, __m256i m, Index) {
+  return _mm256_maskload_ps(p, m);
 }
-GPT2_KERNEL_AVX2 inline __m256 load8(const std::uint16_t* p, Index count) {
+GPT2_KERNEL_AVX2 inline __m256 load8(const std::uint16_t* p, __m256i, Index count) {
   __m128i bits;
   if (count >= 8) {
     bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -68,9 +68,10 @@ GPT2_KERNEL_AVX2 inline void pack_keys_t(const E* const* rows, Index n, Index he
   __m256 r[8];
   for (Index j0 = 0; j0 < kKeyBlock; j0 += 8) {
     for (Index d0 = 0; d0 < head_dim; d0 += 8) {
+      const __m256i dm = lanes(head_dim - d0);
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i)
-        r[i] = j0 + i < n ? load8(rows[j0 + i] + d0, head_dim - d0) : _mm256_setzero_ps();
+        r[i] = j0 + i < n ? load8(rows[j0 + i] + d0, dm, head_dim - d0) : _mm256_setzero_ps();
       transpose8(r);
       const Index dn = std::min<Index>(8, head_dim - d0);
       for (Index i = 0; i < dn; ++i) _mm256_store_ps(kt + (d0 + i) * kKeyBlock + j0, r[i]);
@@ -85,7 +86,7 @@ GPT2_KERNEL_AVX2 inline void pack_values(const E* const* rows, Index n, Index he
   const Index hdp = padded_head_dim(head_dim);
   for (Index j = 0; j < n; ++j)
     for (Index d0 = 0; d0 < hdp; d0 += 8)
-      _mm256_store_ps(vb + j * hdp + d0, load8(rows[j] + d0, head_dim - d0));
+      _mm256_store_ps(vb + j * hdp + d0, load8(rows[j] + d0, lanes(head_dim - d0), head_dim - d0));
 }
 
 // Row r's block statistics from its 64 stored scores (n visible): p stored over them, then the
