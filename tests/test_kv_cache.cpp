@@ -258,6 +258,30 @@ TYPED_TEST(KVCacheTest, TruncateResetCopyAndMove) {
   EXPECT_EQ(moved.values(0).cols(), 8);
 }
 
+// Moving between caches of different configs: the source is left empty with its own head_dim (the
+// moved-from storage is the destination's old one, resized), so it can still be used.
+TYPED_TEST(KVCacheTest, MovingAcrossConfigsLeavesTheSourceEmptyInItsOwnShape) {
+  using T = TypeParam;
+  KVCache<T> big({96, 3}, 5), small({32, 4}, 7);  // head_dim 32 and 8
+  const RowMatrix<T> x = random_input<T>(2, 32, 21);
+  small.append(x, x);
+  big = std::move(small);
+  EXPECT_EQ(big.config().head_dim(), 8);
+  EXPECT_EQ(big.n_past(), 2);
+  EXPECT_EQ(big.keys(3).cols(), 8);
+  EXPECT_EQ(small.capacity(), 0);  // NOLINT(bugprone-use-after-move): documented state
+  EXPECT_EQ(small.key_storage().rows(), 0);
+  EXPECT_EQ(small.key_storage().cols(), 8);
+  EXPECT_EQ(small.values(0).cols(), 8);
+  KVCache<T> empty({32, 4}, 1);
+  small.copy_from(empty);
+  EXPECT_EQ(small.n_past(), 0);
+  gpt2::KVCacheBF16 big16({96, 3}, 5), small16({32, 4}, 7);
+  big16 = std::move(small16);
+  EXPECT_EQ(small16.value_storage().cols(), 8);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(small16.key_bits(1).cols(), 8);
+}
+
 TYPED_TEST(KVCacheTest, ACapacityBeyondTheIndexTypeIsAnError) {
   using T = TypeParam;
   EXPECT_TRUE(Contains(error_of<gpt2::CapacityError>([] { KVCache<T>({16, 4}, Index(1) << 62); }),

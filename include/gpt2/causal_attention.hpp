@@ -192,12 +192,14 @@ kernels::AttentionTile<T> tile_of(const ConstMatrixRef<T>& q, Index n_keys, Inde
 template <class T>
 void run_tile(const kernels::AttentionTile<T>& t) {
   if constexpr (std::is_same<T, float>::value) {
+#if GPT2_KERNELS_HAVE_AMX  // as reserve_tile, which sizes the scratch for the AMX core by it
     if (t.bf16 && t.rows >= kernels::amx::kAmxMinRows && kernels::amx::attention_fits(t.head_dim)) {
       if (const kernels::Bf16AttentionTile core = kernels::bf16_attention_tile(active_isa())) {
         core(t);
         return;
       }
     }
+#endif
     if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
       kern->attention_tile(t);
       return;

@@ -102,8 +102,9 @@ class KVStorage {
       n_past_ = std::exchange(other.n_past_, 0);
       keys_ = std::move(other.keys_);
       values_ = std::move(other.values_);
-      other.keys_.resize(0, other.keys_.cols());  // Eigen's move assignment swaps: free ours
-      other.values_.resize(0, other.values_.cols());
+      // Eigen's move assignment swaps: free our old storage, sized for the source's head_dim
+      other.keys_.resize(0, other.config_.head_dim());
+      other.values_.resize(0, other.config_.head_dim());
     }
     return *this;
   }

@@ -82,7 +82,8 @@
 // GPT2_ATTENTION_SEPARATE_KERNELS in all of them and, in exactly one, also
 // GPT2_ATTENTION_KERNELS_IMPLEMENTATION before including any gpt2 header: the three entry points
 // below (float_kernels, bf16_gemm, bf16_attention_tile) are then only declared elsewhere and
-// defined in that one, which alone compiles the kernels. The code that runs is the same.
+// defined in that one, which alone compiles the vector levels' kernels (generic's, Eigen's, stay in
+// every file). The code that runs is the same.
 #if defined(GPT2_ATTENTION_KERNELS_IMPLEMENTATION) && !defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 #error "GPT2_ATTENTION_KERNELS_IMPLEMENTATION needs GPT2_ATTENTION_SEPARATE_KERNELS (in every translation unit)"
 #endif
@@ -99,10 +100,17 @@
 #include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/kernels/avx512_bf16.hpp"
 #endif
+// In the separate mode the entry points live in an inline namespace of their own: a program whose
+// implementation file is missing fails to link (rather than linking through some header-only
+// file's inline copies), and they are declared before they are defined (-Wmissing-declarations).
 #if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 #define GPT2_KERNELS_ENTRY
+#define GPT2_KERNELS_ENTRY_BEGIN inline namespace separate_kernels {
+#define GPT2_KERNELS_ENTRY_END }
 #else
 #define GPT2_KERNELS_ENTRY inline
+#define GPT2_KERNELS_ENTRY_BEGIN
+#define GPT2_KERNELS_ENTRY_END
 #endif
 
 namespace gpt2 {
@@ -311,9 +319,11 @@ struct FloatKernels {
 
 // The table of a vector level (null for generic, and for a level this build does not have);
 // avx512_bf16 and amx run avx512's.
-#if GPT2_KERNELS_DECLARED_ONLY
+GPT2_KERNELS_ENTRY_BEGIN
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 const FloatKernels* float_kernels(Isa isa);
-#else
+#endif
+#if !GPT2_KERNELS_DECLARED_ONLY
 GPT2_KERNELS_ENTRY const FloatKernels* float_kernels(Isa isa) {
   isa = float_level(isa);
 #if GPT2_KERNELS_HAVE_AVX512
@@ -338,6 +348,7 @@ GPT2_KERNELS_ENTRY const FloatKernels* float_kernels(Isa isa) {
   return nullptr;
 }
 #endif
+GPT2_KERNELS_ENTRY_END
 
 // The active level's float kernels, or null at the generic level (the math then runs Eigen).
 inline const FloatKernels* float_kernels() { return float_kernels(active_isa()); }
@@ -352,9 +363,11 @@ using Bf16Gemm = void (*)(Index M, Index N, Index K, const float* A, Index lda,
 
 // The bf16 product of a vector level (null for generic, which runs kernels::generic::gemm_bf16
 // through Eigen, and for a level this build does not have).
-#if GPT2_KERNELS_DECLARED_ONLY
+GPT2_KERNELS_ENTRY_BEGIN
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 Bf16Gemm bf16_gemm(Isa isa);
-#else
+#endif
+#if !GPT2_KERNELS_DECLARED_ONLY
 GPT2_KERNELS_ENTRY Bf16Gemm bf16_gemm(Isa isa) {
   switch (isa) {
 #if GPT2_KERNELS_HAVE_AMX
@@ -371,15 +384,18 @@ GPT2_KERNELS_ENTRY Bf16Gemm bf16_gemm(Isa isa) {
   }
 }
 #endif
+GPT2_KERNELS_ENTRY_END
 
 // A level's attention core for tiles with bf16 products (bf16 weights): amx's AMX core for tiles
 // of amx::kAmxMinRows rows or more whose head size amx::attention_fits; null at every other level
 // (the float32 core runs).
 using Bf16AttentionTile = void (*)(const AttentionTile<float>& tile);
 
-#if GPT2_KERNELS_DECLARED_ONLY
+GPT2_KERNELS_ENTRY_BEGIN
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 Bf16AttentionTile bf16_attention_tile(Isa isa);
-#else
+#endif
+#if !GPT2_KERNELS_DECLARED_ONLY
 GPT2_KERNELS_ENTRY Bf16AttentionTile bf16_attention_tile(Isa isa) {
 #if GPT2_KERNELS_HAVE_AMX
   if (isa == Isa::amx) return amx::attention_tile_bf16;
@@ -388,6 +404,7 @@ GPT2_KERNELS_ENTRY Bf16AttentionTile bf16_attention_tile(Isa isa) {
   return nullptr;
 }
 #endif
+GPT2_KERNELS_ENTRY_END
 
 }  // namespace kernels
 }  // namespace gpt2
