@@ -297,6 +297,27 @@ TEST(KVCacheBF16, CloseToTheFloatCache) {
   EXPECT_FALSE((out.array() == expected.array()).all());  // the rounding is really there
 }
 
+// Decode steps at the vector levels read the bf16 cache in place: a workspace that has only run
+// them holds no widening buffer (its bytes are those of a float cache's decode workspace); at
+// generic the steps widen into one.
+TEST(KVCacheBF16, DecodeStepsWidenIntoABufferOnlyAtGeneric) {
+  const auto model = random_model<float>(256, 4, 22);
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights());
+  const RowMatrix<float> x = random_input<float>(3, 256, 23);
+  KVCacheBF16 cache(w.config(), 600);
+  gpt2::KVCache<float> float_cache(w.config(), 600);
+  gpt2::Workspace<float> ws(w.config()), float_ws(w.config());
+  RowMatrix<float> out(1, 256);
+  for (Index i = 0; i < 3; ++i) {
+    gpt2::attention_forward<float>(w, x.middleRows(i, 1), cache, ws, out);
+    gpt2::attention_forward<float>(w, x.middleRows(i, 1), float_cache, float_ws, out);
+  }
+  if (gpt2::active_isa() == gpt2::Isa::generic)
+    EXPECT_GT(ws.bytes(), float_ws.bytes());
+  else
+    EXPECT_EQ(ws.bytes(), float_ws.bytes());
+}
+
 // A padded batch through one KVCacheBF16 per sequence: each sequence's rows are bitwise its
 // forward through its own bf16 cache alone, caches included (prefill chunks, decode steps,
 // sequences sitting a step out, the three ways of passing the caches), with float32 and bf16

@@ -61,16 +61,20 @@ inline void widen_bf16(const std::uint16_t* src, Index n, float* dst, Index ahea
   }
 }
 
+// The level's kernel that reads a bf16 cache in place in a decode step (row_partials_kv_bf16), or
+// null at generic, where the step widens it into the threads' kv_widened first.
+inline const kernels::FloatKernels* bf16_cache_kernels() {
+  const kernels::FloatKernels* kern = vector_kernels<float>();
+  return kern != nullptr && kern->row_partials_kv_bf16 != nullptr ? kern : nullptr;
+}
+
 // The partials of q's one row (position n_keys - 1; q [T, head_dim], its last row) over key
 // blocks [block_begin, block_end) of one head's bf16 keys and values [n_keys, head_dim], read in
-// place by the level's row_partials_kv_bf16 (bitwise attention_row_partials on the widened values).
-// False (nothing done) where the level has no such kernel.
-inline bool row_partials_kv_bf16(const ConstMatrixRef<float>& q,
+// place by kern's row_partials_kv_bf16 (bitwise attention_row_partials on the widened values).
+inline void row_partials_kv_bf16(const kernels::FloatKernels& kern, const ConstMatrixRef<float>& q,
                                  const KVCacheBF16::ConstBitsRef& keys,
                                  const KVCacheBF16::ConstBitsRef& values, Index block_begin,
                                  Index block_end, float* parts, AttentionScratch<float>& scratch) {
-  const kernels::FloatKernels* kern = vector_kernels<float>();
-  if (kern == nullptr || kern->row_partials_kv_bf16 == nullptr) return false;
   scratch.reserve_tile(q.cols());
   const std::uint16_t* key_page = keys.data();
   const std::uint16_t* value_page = values.data();
@@ -87,14 +91,13 @@ inline bool row_partials_kv_bf16(const ConstMatrixRef<float>& q,
   t.page_rows = keys.rows();  // one page
   t.key_stride = keys.outerStride();
   t.value_stride = values.outerStride();
-  kern->row_partials_kv_bf16(t, block_begin, block_end, parts);
-  return true;
+  kern.row_partials_kv_bf16(t, block_begin, block_end, parts);
 }
 
 // A decode step's attention: merged [1, C] from q (in qkv [1, 3C]) over the cache's n_keys
 // positions (the new one included), on n_threads threads. Each task is one head's run of key
-// blocks; each widens kWidenBlocks blocks at a time into its thread's kv_widened and writes their
-// partials; then every head's partials are merged in block order.
+// blocks, writing their partials (read in place, or at generic widened kWidenBlocks blocks at a
+// time into its thread's kv_widened); then every head's partials are merged in block order.
 inline void attend_decode_bf16(const AttentionConfig& config, const ConstMatrixRef<float>& qkv,
                                const KVCacheBF16& cache, Workspace<float>& ws,
                                MatrixRef<float>& merged, int n_threads) {
@@ -104,18 +107,22 @@ inline void attend_decode_bf16(const AttentionConfig& config, const ConstMatrixR
       std::max<Index>(1, std::min<Index>(n_blocks, (n_threads + n_head - 1) / n_head));
   const Index stride = kernels::partial_stride(hd);
   float* parts = ws.partials();
-  for (Index t = 0; t < std::min<Index>(n_threads, ws.thread_capacity()); ++t)
-    if (ws.threads[static_cast<std::size_t>(t)].kv_widened.rows() < 2 * kWidenRows)
-      throw CapacityError("workspace: no room for a decode step's widened keys "
-                          "(reserve_cache_scratch)");
+  const kernels::FloatKernels* in_place = bf16_cache_kernels();
+  if (in_place == nullptr)
+    for (Index t = 0; t < std::min<Index>(n_threads, ws.thread_capacity()); ++t)
+      if (ws.threads[static_cast<std::size_t>(t)].kv_widened.rows() < 2 * kWidenRows)
+        throw CapacityError("workspace: no room for a decode step's widened keys "
+                            "(reserve_cache_scratch)");
   parallel_tasks(n_head * chunks, n_threads, [&](Index task, int thread) {
     const Index h = task / chunks, c = task % chunks;
     const Index b0 = c * n_blocks / chunks, b1 = (c + 1) * n_blocks / chunks;
     ThreadScratch<float>& scratch = ws.threads[static_cast<std::size_t>(thread)];
     const KVCacheBF16::ConstBitsRef key_bits = cache.key_bits(h), value_bits = cache.value_bits(h);
-    if (row_partials_kv_bf16(q_view(qkv, config, h), key_bits, value_bits, b0, b1,
-                             parts + (h * n_blocks + b0) * stride, scratch.attention))
+    if (in_place != nullptr) {
+      row_partials_kv_bf16(*in_place, q_view(qkv, config, h), key_bits, value_bits, b0, b1,
+                           parts + (h * n_blocks + b0) * stride, scratch.attention);
       return;
+    }
     float* keys = scratch.kv_widened.data();
     float* values = keys + kWidenRows * hd;
     // Page s of the table is rows [s * kWidenRows, (s + 1) * kWidenRows): always the buffer,
@@ -193,10 +200,12 @@ inline void attend_rows_bf16(const AttentionConfig& config, const ConstMatrixRef
 }
 
 // Grows every thread's widening buffers for a forward of T_new rows through `cache` (decode steps
-// widen kWidenRows keys at a time, longer forwards a whole head's), before any thread starts.
+// at generic widen kWidenRows keys at a time, at the vector levels none; longer forwards a whole
+// head's), before any thread starts.
 inline void reserve_cache_scratch(Workspace<float>& ws, const KVCacheBF16& cache, Index T_new,
                                   bool probs) {
   const bool decode = T_new == 1 && !probs;
+  if (decode && bf16_cache_kernels() != nullptr) return;  // the kernel reads the cache in place
   // at least kWidenRows either way, so that decode steps after a longer first forward never grow it
   const Index rows = decode ? kWidenRows : std::max<Index>(cache.capacity(), kWidenRows);
   const Index pages = (cache.capacity() + kWidenRows - 1) / kWidenRows + 1;
