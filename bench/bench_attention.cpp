@@ -21,6 +21,7 @@
 //   baseline_eigen_decode/past:N  the same for one decode step
 //   stage_qkv/T:N, stage_attention/T:N, stage_proj/T:N   the three stages of prefill
 //   peak_fma, peak_fma_ymm      the machine's FMA peak on that many cores, 512-bit and 256-bit
+//   peak_dpbf16                 VDPBF16PS's peak (AVX512-BF16; 2 FLOPs per bf16 multiply-add)
 // The suite runs at the kernel level the CPU's features choose (GPT2_ATTENTION_ISA forces one:
 // run it once per level to compare levels; the level is in the context as `kernels`).
 //   bandwidth                   read bandwidth from DRAM on that many cores (`bytes_per_second`)
@@ -471,6 +472,21 @@ __attribute__((target("avx512f"))) void fma_chains_zmm(int repeats) {
   benchmark::DoNotOptimize(sink);
 }
 
+// The same with VDPBF16PS (AVX512-BF16): 32 multiply-adds (two per float32 lane) per instruction.
+__attribute__((target("avx512f,avx512bf16"))) void dpbf16_chains_zmm(int repeats) {
+  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));  // (1, 1) in bf16
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));  // (1e-7, 1e-7)
+  __m512 acc[kChains];
+  for (__m512& x : acc) x = _mm512_set1_ps(1.0f);
+  for (int r = 0; r < repeats; ++r)
+    for (int s = 0; s < kSteps; ++s)
+#pragma GCC unroll 12
+      for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  float sink = 0;
+  for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_ps(acc[c]);
+  benchmark::DoNotOptimize(sink);
+}
+
 __attribute__((target("avx2,fma"))) void fma_chains_ymm(int repeats) {
   const __m256 mul = _mm256_set1_ps(0.999999f), add = _mm256_set1_ps(1e-7f);
   __m256 acc[kChains];
@@ -518,6 +534,28 @@ void peak(benchmark::State& state, int lanes) {
 #endif
 }
 void peak_fma(benchmark::State& state) { peak(state, 16); }
+
+// peak_dpbf16: VDPBF16PS's peak (FLOP/s counting 2 per multiply-add), where the CPU has AVX512-BF16.
+void peak_dpbf16(benchmark::State& state) {
+  if (!use_threads(state, 0)) return;
+#if GPT2_ATTENTION_X86
+  const gpt2::kernels::CpuFeatures& f = gpt2::kernels::cpu_features();
+  if (!(f.avx512f && f.avx512_bf16)) {
+    state.SkipWithError("skipped: the CPU has no avx512_bf16");
+    return;
+  }
+  const int n = static_cast<int>(state.range(0));
+  WallClock clock;
+  clock.start();
+  for (auto _ : state)
+    gpt2::detail::parallel_tasks(n, n, [](Index, int) { dpbf16_chains_zmm(kRepeats); });
+  clock.stop();
+  set_counters(state, clock, 0, 2.0 * 32 * kChains * kSteps * kRepeats * n);
+  state.counters.erase("tokens_per_second");
+#else
+  state.SkipWithError("skipped: not an x86 build");
+#endif
+}
 void peak_fma_ymm(benchmark::State& state) { peak(state, 8); }
 
 // Sums a buffer split over the threads: bytes_per_second is the read bandwidth.
@@ -576,6 +614,7 @@ BENCHMARK(stage_qkv)->Name("stage_qkv")->ArgsProduct({kTokens, kThreads})->ArgNa
 BENCHMARK(stage_attention)->Name("stage_attention")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(stage_proj)->Name("stage_proj")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(peak_fma)->Name("peak_fma")->ArgsProduct({kThreads})->ArgNames({"threads"});
+BENCHMARK(peak_dpbf16)->Name("peak_dpbf16")->ArgsProduct({kThreads})->ArgNames({"threads"});
 BENCHMARK(peak_fma_ymm)->Name("peak_fma_ymm")->ArgsProduct({kThreads})->ArgNames({"threads"});
 BENCHMARK(bandwidth)->Name("bandwidth")->ArgsProduct({kThreads})->ArgNames({"threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(bandwidth_cached)->Name("bandwidth_cached")->ArgsProduct({kThreads})->ArgNames({"threads"})->Unit(benchmark::kMicrosecond);

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""What rounding the attention core's products to bf16 would cost in accuracy, before writing it.
+
+The avx512_bf16 level (AMD Zen 4: VDPBF16PS at twice the float32 FMA rate) runs its projections in
+bf16 but its attention core in float32. This emulates, for every case of kind `whole` of
+generate.py, the level's rounding points with the attention core's two products changed, and
+prints the error on `out` against the float64 reference (max |ours - ref| / max |ref| over the rows
+the case keeps: the measure of test_reference_bf16) beside PyTorch's own bf16 error:
+
+  f32      today's level: x and merged rounded to bf16 for the projections (float32 accumulation),
+           the attention core in float32
+  pv_bf16  as f32, with p and v rounded to bf16 for p v (as PyTorch's bf16 run does)
+  qk_split as pv_bf16, with k rounded to bf16 and q split into two bf16 parts (q_hi + q_lo) for
+           q k^T (two VDPBF16PS per pair: no faster than float32 there)
+  all_bf16 as pv_bf16, with q and k each rounded to bf16 for q k^T
+
+The emulation is float64 arithmetic with the roundings where the kernels would do them (every
+product's result rounded to float32), not the kernels' bits: read the columns against each other.
+test_reference_bf16's bars are: at most PyTorch's error, and at most 5e-3 where PyTorch's is below.
+
+  /usr/bin/python3 tests/reference/bf16_attention_options.py [--weights gpt2-small-h0-attention.safetensors]
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import generate as g  # noqa: E402  (the cases and their inputs)
+
+
+def bf16(a):
+    """a rounded to bfloat16 (nearest even), as float64."""
+    return torch.from_numpy(np.asarray(a, dtype=np.float32)).to(torch.bfloat16).double().numpy()
+
+
+def f32(a):
+    return np.asarray(a, dtype=np.float32).astype(np.float64)
+
+
+def emulate(x, w, n_head, variant):
+    """out [T, C] of the avx512_bf16 level with the attention core's products as `variant` says."""
+    T, C = x.shape
+    hd = C // n_head
+    qkv = f32(bf16(x) @ bf16(w["c_attn.weight"]) + w["c_attn.bias"])
+    merged = np.zeros((T, C))
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    for h in range(n_head):
+        q = qkv[:, h * hd:(h + 1) * hd]
+        k = qkv[:, C + h * hd:C + (h + 1) * hd]
+        v = qkv[:, 2 * C + h * hd:2 * C + (h + 1) * hd]
+        qs = f32(q / np.sqrt(hd))
+        if variant == "qk_split":
+            hi = bf16(qs)
+            s = (hi + bf16(qs - hi)) @ bf16(k).T
+        elif variant == "all_bf16":
+            s = bf16(qs) @ bf16(k).T
+        else:
+            s = qs @ k.T
+        s = f32(s)
+        s[~causal] = -np.inf
+        p = f32(np.exp(s - s.max(axis=1, keepdims=True)))
+        l = p.sum(axis=1, keepdims=True)
+        o = p @ v if variant == "f32" else bf16(p) @ bf16(v)
+        merged[:, h * hd:(h + 1) * hd] = f32(o / l)
+    return f32(bf16(merged) @ bf16(w["c_proj.weight"]) + w["c_proj.bias"])
+
+
+VARIANTS = ["f32", "pv_bf16", "qk_split", "all_bf16"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--weights", default=os.environ.get("GPT2_SMALL_WEIGHTS"),
+                    help="gpt2-small-h0-attention.safetensors (default: $GPT2_SMALL_WEIGHTS; without "
+                         "it the real-weights cases are left out)")
+    args = ap.parse_args()
+    weights = g.read_safetensors(args.weights)[0] if args.weights else None
+
+    print("| case | PyTorch bf16 | " + " | ".join(VARIANTS) + " |")
+    print("|---|---|" + "---|" * len(VARIANTS))
+    for spec in g.CASES:
+        if spec.get("kind", "whole") != "whole" or (spec.get("real") and weights is None):
+            continue
+        if spec.get("real"):
+            x64, w64, x32, w32 = g.real_inputs(spec, weights)
+        else:
+            x64, w64, x32, w32 = g.random_inputs(spec)
+        with torch.no_grad():
+            ref = g.torch_attention(x64, w64, spec["n_head"])["out"].numpy()
+            xbf, wbf = g.bf16_inputs(x32, w32)
+            torch_bf16 = g.as_f64(g.torch_attention(xbf, wbf, spec["n_head"])["out"])
+        w = {name: t.double().numpy() for name, t in w32.items()}
+        rows = spec.get("rows", list(range(spec["T"])))  # the rows the fixtures keep and the test reads
+        errs = [g.rel_err(torch_bf16[rows], ref[rows])]
+        errs += [g.rel_err(emulate(x32.double().numpy(), w, spec["n_head"], v)[rows], ref[rows])
+                 for v in VARIANTS]
+        print(f"| {spec['case']} | " + " | ".join(f"{e:.2e}" for e in errs) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
