@@ -271,6 +271,34 @@ GPT2_KERNEL_AVX2 inline void init_row(const AttentionTile<float>& t, TileScratch
   ts.l[0] = 0.0f;
 }
 
+// p[0 .. kKeyBlock) = the scores of one query row (qs, scaled) against a key block's rows (n of
+// them; 0 for the others): each one fused multiply-add chain over d = 0, 1, .. from +0, as
+// score_rows computes them from the block's k^T. Here each 8 x 8 transpose of the keys is consumed
+// from the registers, with no k^T written (a decode step's one row would read it once).
+template <class E>
+GPT2_KERNEL_AVX2 inline void row_scores(const E* const* rows, Index n, Index head_dim,
+                                        const float* qs, float* p) {
+  __m256 r[8];
+  for (Index j0 = 0; j0 < kKeyBlock; j0 += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (Index d0 = 0; d0 < head_dim; d0 += 8) {
+      const __m256i dm = lanes(head_dim - d0);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i)
+        r[i] = j0 + i < n ? load8(rows[j0 + i] + d0, dm, head_dim - d0) : _mm256_setzero_ps();
+      transpose8(r);
+      if (d0 + 8 <= head_dim) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) acc = _mm256_fmadd_ps(_mm256_broadcast_ss(qs + d0 + i), r[i], acc);
+      } else {
+        for (Index i = 0; i < head_dim - d0; ++i)
+          acc = _mm256_fmadd_ps(_mm256_broadcast_ss(qs + d0 + i), r[i], acc);
+      }
+    }
+    _mm256_store_ps(p + j0, acc);
+  }
+}
+
 // The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end), keys
 // and values in the given pages (float32, or bf16 bits: the same arithmetic on the widened values).
 template <class E>
@@ -287,10 +315,8 @@ GPT2_KERNEL_AVX2 inline void row_partials_of(const AttentionTile<float>& t,
     const Index b0 = b * kKeyBlock, n = visible_in_block(t.first_pos, b0);
     page_rows_of<E>(key_pages, t.page_rows, t.key_stride, b0, n, krow);
     page_rows_of<E>(value_pages, t.page_rows, t.value_stride, b0, n, vrow);
-    pack_keys_t(krow, n, hd, ts.kt);
+    row_scores(krow, n, hd, ts.qs, ts.p);
     pack_values(vrow, n, hd, ts.vb);
-    score_rows<1>(0, 0, t, ts);
-    score_rows<1>(0, 32, t, ts);
     float* part = parts + (b - block_begin) * stride;
     block_stats(n, ts.p, part);
     value_rows_all<1>(0, b0, t, ts, part + kPartialHeader);

@@ -324,6 +324,34 @@ GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeB
       _mm512_store_ps(parts + i * stride + kPartialHeader + d0 + 16 * v, acc[i][v]);
 }
 
+// p[0 .. kKeyBlock) = the scores of one query row (qs, scaled) against a key block's rows (n of
+// them; 0 for the others): each one fused multiply-add chain over d = 0, 1, .. from +0, as the
+// tiles compute them from the block's k^T. Here each 16 x 16 transpose of the keys is consumed
+// from the registers, with no k^T written (a decode step's one row would read it once).
+template <class E>
+GPT2_KERNEL_AVX512 inline void row_scores(const E* const* rows, Index n, Index head_dim,
+                                          const float* qs, float* p) {
+  __m512 r[16];
+  for (Index j0 = 0; j0 < kKeyBlock; j0 += 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (Index d0 = 0; d0 < head_dim; d0 += 16) {
+      const __mmask16 dm = lanes(d0, head_dim);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        r[i] = j0 + i < n ? load16(rows[j0 + i] + d0, dm) : _mm512_setzero_ps();
+      transpose16(r);
+      if (d0 + 16 <= head_dim) {
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) acc = _mm512_fmadd_ps(_mm512_set1_ps(qs[d0 + i]), r[i], acc);
+      } else {
+        for (Index i = 0; i < head_dim - d0; ++i)
+          acc = _mm512_fmadd_ps(_mm512_set1_ps(qs[d0 + i]), r[i], acc);
+      }
+    }
+    _mm512_store_ps(p + j0, acc);
+  }
+}
+
 // The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
 // (partial_stride apart). Keys and values from key_pages, value_pages (t's page_rows and strides):
 // float32, or bf16 bits (E = std::uint16_t: the same arithmetic on the widened values).
@@ -332,7 +360,7 @@ GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, const AttentionTile<flo
                                                const E* const* key_pages,
                                                const E* const* value_pages,
                                                TileScratch<float>& ts, float* parts) {
-  const Index hd = t.head_dim, hdp = padded_head_dim(hd);
+  const Index hd = t.head_dim;
   Index n[kDecodeBlocks] = {};
   const E* krow[kKeyBlock];
   const E* vrow[kDecodeBlocks][kKeyBlock];
@@ -340,28 +368,9 @@ GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, const AttentionTile<flo
     const Index bi = b0 + i * kKeyBlock;
     n[i] = visible_in_block(t.first_pos, bi);
     page_rows_of<E>(key_pages, t.page_rows, t.key_stride, bi, n[i], krow);
-    pack_keys_t(krow, n[i], hd, ts.kt + i * hdp * kKeyBlock);
+    row_scores(krow, n[i], hd, ts.qs, ts.p + i * kKeyBlock);
     page_rows_of<E>(value_pages, t.page_rows, t.value_stride, bi, n[i], vrow[i]);
   }
-  __m512 acc[NB][4];
-#pragma GCC unroll 4
-  for (int i = 0; i < NB; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_ps();
-  for (Index d = 0; d < hd; ++d) {
-    const __m512 qd = _mm512_set1_ps(ts.qs[d]);
-#pragma GCC unroll 4
-    for (int i = 0; i < NB; ++i) {
-      const float* kd = ts.kt + i * hdp * kKeyBlock + d * kKeyBlock;
-#pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v)
-        acc[i][v] = _mm512_fmadd_ps(qd, _mm512_load_ps(kd + 16 * v), acc[i][v]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < NB; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) _mm512_store_ps(ts.p + i * kKeyBlock + 16 * v, acc[i][v]);
   const Index stride = partial_stride(hd);
   for (int i = 0; i < NB; ++i) block_stats(n[i], ts.p + i * kKeyBlock, parts + i * stride);
   Index d0 = 0;
