@@ -61,6 +61,18 @@ GPT2_KERNEL_AVX2 inline __m256 load8(const std::uint16_t* p, __m256i, Index coun
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
+// r[i] = k^T row d0 + i over keys j0 .. j0 + 7: their elements d0 .. d0 + 7 (0 past head_dim, and
+// for keys from n on), loaded and transposed in registers.
+template <class E>
+GPT2_KERNEL_AVX2 inline void load_keys_t8(const E* const* rows, Index n, Index j0, Index d0,
+                                          Index head_dim, __m256 (&r)[8]) {
+  const __m256i dm = lanes(head_dim - d0);
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    r[i] = j0 + i < n ? load8(rows[j0 + i] + d0, dm, head_dim - d0) : _mm256_setzero_ps();
+  transpose8(r);
+}
+
 // kt[d][j] = rows[j][d] for j < n, 0 for n <= j < kKeyBlock; d < head_dim (rows of float32 or of
 // bf16 bits, E).
 template <class E>
@@ -68,11 +80,7 @@ GPT2_KERNEL_AVX2 inline void pack_keys_t(const E* const* rows, Index n, Index he
   __m256 r[8];
   for (Index j0 = 0; j0 < kKeyBlock; j0 += 8) {
     for (Index d0 = 0; d0 < head_dim; d0 += 8) {
-      const __m256i dm = lanes(head_dim - d0);
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i)
-        r[i] = j0 + i < n ? load8(rows[j0 + i] + d0, dm, head_dim - d0) : _mm256_setzero_ps();
-      transpose8(r);
+      load_keys_t8(rows, n, j0, d0, head_dim, r);
       const Index dn = std::min<Index>(8, head_dim - d0);
       for (Index i = 0; i < dn; ++i) _mm256_store_ps(kt + (d0 + i) * kKeyBlock + j0, r[i]);
     }
@@ -282,11 +290,7 @@ GPT2_KERNEL_AVX2 inline void row_scores(const E* const* rows, Index n, Index hea
   for (Index j0 = 0; j0 < kKeyBlock; j0 += 8) {
     __m256 acc = _mm256_setzero_ps();
     for (Index d0 = 0; d0 < head_dim; d0 += 8) {
-      const __m256i dm = lanes(head_dim - d0);
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i)
-        r[i] = j0 + i < n ? load8(rows[j0 + i] + d0, dm, head_dim - d0) : _mm256_setzero_ps();
-      transpose8(r);
+      load_keys_t8(rows, n, j0, d0, head_dim, r);
       if (d0 + 8 <= head_dim) {
 #pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) acc = _mm256_fmadd_ps(_mm256_broadcast_ss(qs + d0 + i), r[i], acc);

@@ -68,6 +68,18 @@ GPT2_KERNEL_AVX512 inline __m512 load16(const std::uint16_t* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
+// r[i] = k^T row d0 + i over keys j0 .. j0 + 15: their elements d0 .. d0 + 15 (0 past head_dim,
+// and for keys from n on), loaded and transposed in registers.
+template <class E>
+GPT2_KERNEL_AVX512 inline void load_keys_t16(const E* const* rows, Index n, Index j0, Index d0,
+                                             Index head_dim, __m512 (&r)[16]) {
+  const __mmask16 dm = lanes(d0, head_dim);
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i)
+    r[i] = j0 + i < n ? load16(rows[j0 + i] + d0, dm) : _mm512_setzero_ps();
+  transpose16(r);
+}
+
 // kt[d][j] = rows[j][d] for j < n, 0 for n <= j < kKeyBlock; d < head_dim (rows of float32 or of
 // bf16 bits, E).
 template <class E>
@@ -76,11 +88,7 @@ GPT2_KERNEL_AVX512 inline void pack_keys_t(const E* const* rows, Index n, Index 
   __m512 r[16];
   for (Index j0 = 0; j0 < kKeyBlock; j0 += 16) {
     for (Index d0 = 0; d0 < head_dim; d0 += 16) {
-      const __mmask16 dm = lanes(d0, head_dim);
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < n ? load16(rows[j0 + i] + d0, dm) : _mm512_setzero_ps();
-      transpose16(r);
+      load_keys_t16(rows, n, j0, d0, head_dim, r);
       const Index dn = std::min<Index>(16, head_dim - d0);
       for (Index i = 0; i < dn; ++i) _mm512_store_ps(kt + (d0 + i) * kKeyBlock + j0, r[i]);
     }
@@ -335,11 +343,7 @@ GPT2_KERNEL_AVX512 inline void row_scores(const E* const* rows, Index n, Index h
   for (Index j0 = 0; j0 < kKeyBlock; j0 += 16) {
     __m512 acc = _mm512_setzero_ps();
     for (Index d0 = 0; d0 < head_dim; d0 += 16) {
-      const __mmask16 dm = lanes(d0, head_dim);
-#pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < n ? load16(rows[j0 + i] + d0, dm) : _mm512_setzero_ps();
-      transpose16(r);
+      load_keys_t16(rows, n, j0, d0, head_dim, r);
       if (d0 + 16 <= head_dim) {
 #pragma GCC unroll 16
         for (int i = 0; i < 16; ++i) acc = _mm512_fmadd_ps(_mm512_set1_ps(qs[d0 + i]), r[i], acc);
