@@ -288,9 +288,9 @@ GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const float* co
 
 // ---- one query row (a decode step): NB key blocks at once ---------------------------------
 // A row's chains (its scores over d, its p v over the keys) are 64 fused multiply-adds deep per
-// block: one block at a time, their latency bounds the step. NB blocks' chains are independent and
-// run interleaved here; the block softmaxes and the merges still follow the blocks in order, so the
-// bits are the per-block path's.
+// block: one chain at a time, their latency bounds the step. The scores interleave a block's four
+// 16-key chains (row_scores); p v interleaves NB blocks' chains. The block softmaxes and the merges
+// still follow the blocks in order, so the bits are the per-block path's.
 
 // o[d0 .. d0 + 16 V) merged with the p v of NB blocks (values vrow[i][j], keys n[i]; only the last
 // block may be partial; values float32 or bf16 bits, E).
@@ -339,21 +339,29 @@ GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeB
 template <class E>
 GPT2_KERNEL_AVX512 inline void row_scores(const E* const* rows, Index n, Index head_dim,
                                           const float* qs, float* p) {
-  __m512 r[16];
-  for (Index j0 = 0; j0 < kKeyBlock; j0 += 16) {
-    __m512 acc = _mm512_setzero_ps();
-    for (Index d0 = 0; d0 < head_dim; d0 += 16) {
-      load_keys_t16(rows, n, j0, d0, head_dim, r);
+  // d0 outer: the four key groups' chains are independent and interleave (one chain alone would
+  // be bound by its FMA latency).
+  constexpr int G = kKeyBlock / 16;
+  __m512 acc[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+  for (Index d0 = 0; d0 < head_dim; d0 += 16) {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      __m512 r[16];
+      load_keys_t16(rows, n, 16 * g, d0, head_dim, r);
       if (d0 + 16 <= head_dim) {
 #pragma GCC unroll 16
-        for (int i = 0; i < 16; ++i) acc = _mm512_fmadd_ps(_mm512_set1_ps(qs[d0 + i]), r[i], acc);
+        for (int i = 0; i < 16; ++i)
+          acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qs[d0 + i]), r[i], acc[g]);
       } else {
         for (Index i = 0; i < head_dim - d0; ++i)
-          acc = _mm512_fmadd_ps(_mm512_set1_ps(qs[d0 + i]), r[i], acc);
+          acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qs[d0 + i]), r[i], acc[g]);
       }
     }
-    _mm512_store_ps(p + j0, acc);
   }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) _mm512_store_ps(p + 16 * g, acc[g]);
 }
 
 // The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
