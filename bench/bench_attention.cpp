@@ -505,58 +505,49 @@ __attribute__((target("avx2,fma"))) void fma_chains_ymm(int repeats) {
 }
 #endif
 
-// peak_fma (zmm, where the CPU has AVX-512) and peak_fma_ymm (AVX2 + FMA).
-void peak(benchmark::State& state, int lanes) {
+// The instruction a peak benchmark runs.
+enum class PeakKind { fma_zmm, fma_ymm, dpbf16_zmm };
+
+// peak_fma (zmm, where the CPU has AVX-512), peak_fma_ymm (AVX2 + FMA) and peak_dpbf16 (VDPBF16PS,
+// AVX512-BF16): FLOP/s counting 2 per multiply-add.
+void peak(benchmark::State& state, PeakKind kind) {
   if (!use_threads(state, 0)) return;
 #if GPT2_ATTENTION_X86
   const gpt2::kernels::CpuFeatures& f = gpt2::kernels::cpu_features();
-  if (!(lanes == 16 ? f.avx512f : f.avx2 && f.fma)) {
-    state.SkipWithError(lanes == 16 ? "skipped: the CPU has no avx512" : "skipped: the CPU has no avx2");
+  const bool has = kind == PeakKind::fma_zmm   ? f.avx512f
+                   : kind == PeakKind::fma_ymm ? f.avx2 && f.fma
+                                               : f.avx512f && f.avx512_bf16;
+  if (!has) {
+    state.SkipWithError(kind == PeakKind::fma_zmm   ? "skipped: the CPU has no avx512"
+                        : kind == PeakKind::fma_ymm ? "skipped: the CPU has no avx2"
+                                                    : "skipped: the CPU has no avx512_bf16");
     return;
   }
   const int n = static_cast<int>(state.range(0));
+  const double per_instruction = kind == PeakKind::fma_zmm ? 16 : kind == PeakKind::fma_ymm ? 8 : 32;
   WallClock clock;
   clock.start();
   for (auto _ : state) {
-    gpt2::detail::parallel_tasks(n, n, [lanes](Index, int) {
-      if (lanes == 16)
+    gpt2::detail::parallel_tasks(n, n, [kind](Index, int) {
+      if (kind == PeakKind::fma_zmm)
         fma_chains_zmm(kRepeats);
-      else
+      else if (kind == PeakKind::fma_ymm)
         fma_chains_ymm(kRepeats);
+      else
+        dpbf16_chains_zmm(kRepeats);
     });
   }
   clock.stop();
-  set_counters(state, clock, 0, 2.0 * lanes * kChains * kSteps * kRepeats * n);
+  set_counters(state, clock, 0, 2.0 * per_instruction * kChains * kSteps * kRepeats * n);
   state.counters.erase("tokens_per_second");
 #else
-  (void)lanes;
+  (void)kind;
   state.SkipWithError("skipped: not an x86 build");
 #endif
 }
-void peak_fma(benchmark::State& state) { peak(state, 16); }
-
-// peak_dpbf16: VDPBF16PS's peak (FLOP/s counting 2 per multiply-add), where the CPU has AVX512-BF16.
-void peak_dpbf16(benchmark::State& state) {
-  if (!use_threads(state, 0)) return;
-#if GPT2_ATTENTION_X86
-  const gpt2::kernels::CpuFeatures& f = gpt2::kernels::cpu_features();
-  if (!(f.avx512f && f.avx512_bf16)) {
-    state.SkipWithError("skipped: the CPU has no avx512_bf16");
-    return;
-  }
-  const int n = static_cast<int>(state.range(0));
-  WallClock clock;
-  clock.start();
-  for (auto _ : state)
-    gpt2::detail::parallel_tasks(n, n, [](Index, int) { dpbf16_chains_zmm(kRepeats); });
-  clock.stop();
-  set_counters(state, clock, 0, 2.0 * 32 * kChains * kSteps * kRepeats * n);
-  state.counters.erase("tokens_per_second");
-#else
-  state.SkipWithError("skipped: not an x86 build");
-#endif
-}
-void peak_fma_ymm(benchmark::State& state) { peak(state, 8); }
+void peak_fma(benchmark::State& state) { peak(state, PeakKind::fma_zmm); }
+void peak_dpbf16(benchmark::State& state) { peak(state, PeakKind::dpbf16_zmm); }
+void peak_fma_ymm(benchmark::State& state) { peak(state, PeakKind::fma_ymm); }
 
 // Sums a buffer split over the threads: bytes_per_second is the read bandwidth.
 void read_bandwidth(benchmark::State& state, const Eigen::VectorXf& buffer) {
