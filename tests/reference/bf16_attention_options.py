@@ -62,13 +62,18 @@ def emulate(x, w, n_head, variant):
         s = f32(s)
         s[~causal] = -np.inf
         p = f32(np.exp(s - s.max(axis=1, keepdims=True)))
-        l = p.sum(axis=1, keepdims=True)
-        o = p @ v if variant == "f32" else bf16(p) @ bf16(v)
+        l = (bf16(p) if variant == "pv_bf16_l" else p).sum(axis=1, keepdims=True)
+        if variant == "pv_bf16_offdiag":  # a row's own 64-key block (its diagonal) in float32
+            block = np.arange(T) // 64
+            diag = block[:, None] == block[None, :]
+            o = np.where(diag, p, 0) @ v + bf16(np.where(diag, 0, p)) @ bf16(v)
+        else:
+            o = p @ v if variant == "f32" else bf16(p) @ bf16(v)
         merged[:, h * hd:(h + 1) * hd] = f32(o / l)
-    return f32(bf16(merged) @ bf16(w["c_proj.weight"]) + w["c_proj.bias"])
+    return f32(bf16(merged) @ bf16(w["c_proj.weight"]) + w["c_proj.bias"]), merged
 
 
-VARIANTS = ["f32", "pv_bf16", "qk_split", "all_bf16"]
+VARIANTS = ["f32", "pv_bf16", "pv_bf16_l", "pv_bf16_offdiag", "qk_split", "all_bf16"]
 
 
 def main():
@@ -79,8 +84,8 @@ def main():
     args = ap.parse_args()
     weights = g.read_safetensors(args.weights)[0] if args.weights else None
 
-    print("| case | PyTorch bf16 | " + " | ".join(VARIANTS) + " |")
-    print("|---|---|" + "---|" * len(VARIANTS))
+    print("| case | of | PyTorch bf16 | " + " | ".join(VARIANTS) + " |")
+    print("|---|---|---|" + "---|" * len(VARIANTS))
     for spec in g.CASES:
         if spec.get("kind", "whole") != "whole" or (spec.get("real") and weights is None):
             continue
@@ -89,15 +94,18 @@ def main():
         else:
             x64, w64, x32, w32 = g.random_inputs(spec)
         with torch.no_grad():
-            ref = g.torch_attention(x64, w64, spec["n_head"])["out"].numpy()
+            ref = g.torch_attention(x64, w64, spec["n_head"])
             xbf, wbf = g.bf16_inputs(x32, w32)
-            torch_bf16 = g.as_f64(g.torch_attention(xbf, wbf, spec["n_head"])["out"])
+            torch_bf16 = g.torch_attention(xbf, wbf, spec["n_head"])
         w = {name: t.double().numpy() for name, t in w32.items()}
         rows = spec.get("rows", list(range(spec["T"])))  # the rows the fixtures keep and the test reads
-        errs = [g.rel_err(torch_bf16[rows], ref[rows])]
-        errs += [g.rel_err(emulate(x32.double().numpy(), w, spec["n_head"], v)[rows], ref[rows])
-                 for v in VARIANTS]
-        print(f"| {spec['case']} | " + " | ".join(f"{e:.2e}" for e in errs) + " |", flush=True)
+        ours = [emulate(x32.double().numpy(), w, spec["n_head"], v) for v in VARIANTS]
+        for i, name in enumerate(["out", "merged"]):
+            want = ref[name].numpy()[rows]
+            errs = [g.rel_err(g.as_f64(torch_bf16[name])[rows], want)]
+            errs += [g.rel_err(o[i][rows], want) for o in ours]
+            print(f"| {spec['case']} | {name} | " + " | ".join(f"{e:.2e}" for e in errs) + " |",
+                  flush=True)
 
 
 if __name__ == "__main__":
