@@ -13,7 +13,6 @@
 #include <limits>
 #include <vector>
 
-#include "gpt2/kernels/bf16.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2::test::emulation {
@@ -120,37 +119,12 @@ inline void softmax_row(float* row, Index n, Index n_keys, float scale) {
   for (Index j = n; j < n_keys; ++j) row[j] = 0.0f;
 }
 
-// x as a bf16 instruction reads it: rounded to bf16 (nearest even), a bf16 subnormal as zero.
-inline float bf16_operand(float x) {
-  const std::uint16_t b = gpt2::kernels::round_to_bf16(x);
-  if ((b & 0x7f80u) == 0) return (b & 0x8000u) != 0 ? -0.0f : 0.0f;
-  return gpt2::kernels::bf16_to_float(b);
-}
-
-// One column of a block's p v over its n visible keys, from +0: one fused multiply-add chain over
-// the keys in order (float32), or with pv_bf16 (avx512_bf16's core for bf16 weights over the
-// blocks before a row's own, kernels/avx512_bf16_attention.hpp) one VDPBF16PS lane per pair of
-// keys (2k, 2k + 1): key 2k + 1 first, then 2k, p and v as bf16 operands.
-inline float block_pv(const float* p, const float* const* values, Index d, Index n, bool pv_bf16) {
-  float acc = 0.0f;
-  if (!pv_bf16) {
-    for (Index j = 0; j < n; ++j) acc = std::fma(p[j], values[j][d], acc);
-    return acc;
-  }
-  for (Index j = 0; j < n; j += 2) {
-    if (j + 1 < n) acc = std::fma(bf16_operand(p[j + 1]), bf16_operand(values[j + 1][d]), acc);
-    acc = std::fma(bf16_operand(p[j]), bf16_operand(values[j][d]), acc);
-  }
-  return acc;
-}
-
 // The fused attention core (kernels/attention_tile.hpp's steps) for `rows` query rows at positions
 // first_pos .. (row stride ldq), key and value row j at keys[j], values[j] (head_dim floats), one
-// row at a time; out rows ldo apart. pv_bf16: block_pv's pairs in bf16 for the blocks before a
-// row's own (avx512_bf16's core for bf16 weights; its own block stays float32).
+// row at a time; out rows ldo apart.
 inline void attention_tile(Index rows, Index first_pos, Index head_dim, const float* q, Index ldq,
                            const float* const* keys, const float* const* values, float scale,
-                           float* out, Index ldo, bool pv_bf16 = false) {
+                           float* out, Index ldo) {
   const float minus_inf = -std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> qs(static_cast<std::size_t>(head_dim)), o(qs.size()), ob(qs.size());
@@ -190,9 +164,11 @@ inline void attention_tile(Index rows, Index first_pos, Index head_dim, const fl
       const float a = m == minus_inf ? 0.0f : kexp(sub(z, z_new));
       const float c = mb == minus_inf ? 0.0f : kexp(sub(zb, z_new));
       l = std::fma(lb, c, mul(l, a));
-      for (Index d = 0; d < head_dim; ++d)
-        o[d] = std::fma(block_pv(p, values + b0, d, n, pv_bf16 && b0 + 64 <= pos), c,
-                        mul(o[d], a));
+      for (Index d = 0; d < head_dim; ++d) {
+        float acc = 0.0f;
+        for (Index j = 0; j < n; ++j) acc = std::fma(p[j], values[b0 + j][d], acc);
+        o[d] = std::fma(acc, c, mul(o[d], a));
+      }
       m = m_new;
       z = z_new;
     }

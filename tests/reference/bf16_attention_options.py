@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
 """What rounding the attention core's products to bf16 would cost in accuracy, before writing it.
 
-The avx512_bf16 level (AMD Zen 4: VDPBF16PS at twice the float32 FMA rate) runs its projections in
-bf16 but its attention core in float32. This emulates, for every case of kind `whole` of
-generate.py, the level's rounding points with the attention core's two products changed, and
-prints the error on `out` against the float64 reference (max |ours - ref| / max |ref| over the rows
-the case keeps: the measure of test_reference_bf16) beside PyTorch's own bf16 error:
+The avx512_bf16 level (AMD Zen 4 and Zen 5: VDPBF16PS at about twice the float32 FMA rate) runs
+its projections in bf16 but its attention core in float32. This emulates, for every case of kind
+`whole` of generate.py, the level's rounding points with the attention core's two products changed,
+and prints the error on `out` and on `merged` (the heads' outputs before c_proj) against the
+float64 reference (max |ours - ref| / max |ref| over the rows the case keeps: the measure of
+test_reference_bf16, which checks both) beside PyTorch's own bf16 error:
 
-  f32      today's level: x and merged rounded to bf16 for the projections (float32 accumulation),
-           the attention core in float32
-  pv_bf16  as f32, with p and v rounded to bf16 for p v (as PyTorch's bf16 run does)
-  qk_split as pv_bf16, with k rounded to bf16 and q split into two bf16 parts (q_hi + q_lo) for
-           q k^T (two VDPBF16PS per pair: no faster than float32 there)
-  all_bf16 as pv_bf16, with q and k each rounded to bf16 for q k^T
+  f32             today's level: x and merged rounded to bf16 for the projections (float32
+                  accumulation), the attention core in float32
+  pv_bf16         as f32, with p and v rounded to bf16 for p v (as PyTorch's bf16 run does)
+  pv_bf16_l       as pv_bf16, with the softmax's sum l taken over the rounded p
+  pv_bf16_offdiag as pv_bf16 for the 64-key blocks before a row's own; its own block in float32
+  qk_split        as pv_bf16, with k rounded to bf16 and q split into two bf16 parts (q_hi + q_lo)
+                  for q k^T (two VDPBF16PS per pair: no faster than float32 there)
+  all_bf16        as pv_bf16, with q and k each rounded to bf16 for q k^T
+
+What it showed (docs/bf16.md): pv_bf16 and pv_bf16_l put `merged` past PyTorch's error on small_T7
+(5.33e-3 against 4.69e-3) and gpt2_layer0_T64 (3.48e-3 against 2.98e-3); pv_bf16_offdiag keeps
+every case within the bars. (A kernel of pv_bf16_offdiag was built, bitwise against its emulation,
+and measured no faster on AMD Zen 5: commit b2c3196, reverted.)
 
 The emulation is float64 arithmetic with the roundings where the kernels would do them (every
 product's result rounded to float32), not the kernels' bits: read the columns against each other.

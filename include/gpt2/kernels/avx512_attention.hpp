@@ -266,48 +266,24 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
 }
 
 // p of row i, key j at ts.p[i * prs + j * pks] (the per-row layout: prs = kKeyBlock, pks = 1;
-// the row-vector one, `transposed`: prs = 1, pks = kTileMaxRows).
-inline Index probs_row_stride(bool transposed) { return transposed ? 1 : kKeyBlock; }
-inline Index probs_key_stride(bool transposed) { return transposed ? kTileMaxRows : 1; }
-
-// p v and the merge of R rows from r over the keys each sees of the block at b0, head_dim in
-// chunks of up to 64 columns, by the policy PV's value_rows (vsrc: the block's value rows).
-template <class PV, int R>
-GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const float* const* vsrc,
+// the row-vector one: prs = 1, pks = kTileMaxRows).
+template <int R>
+GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const float* const* vrow,
                                               const AttentionTile<float>& t,
-                                              TileScratch<float>& ts, bool transposed) {
+                                              TileScratch<float>& ts, Index prs, Index pks) {
   Index n[kValueRows] = {};
   for (int i = 0; i < R; ++i) n[i] = visible_in_block(t.first_pos + r + i, b0);
   Index d0 = 0;
-  for (; d0 + 64 <= t.head_dim; d0 += 64)
-    PV::template value_rows<R, 4>(r, d0, n, vsrc, t, ts, transposed);
+  for (; d0 + 64 <= t.head_dim; d0 += 64) value_rows<R, 4>(r, d0, n, vrow, t, ts, prs, pks);
   const Index rest = t.head_dim - d0;
   if (rest > 48)
-    PV::template value_rows<R, 4>(r, d0, n, vsrc, t, ts, transposed);
+    value_rows<R, 4>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 32)
-    PV::template value_rows<R, 3>(r, d0, n, vsrc, t, ts, transposed);
+    value_rows<R, 3>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 16)
-    PV::template value_rows<R, 2>(r, d0, n, vsrc, t, ts, transposed);
+    value_rows<R, 2>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 0)
-    PV::template value_rows<R, 1>(r, d0, n, vsrc, t, ts, transposed);
-}
-
-// value_rows_all for rows r .. nb - 1 of the block at b0, kValueRows at a time.
-template <class PV>
-GPT2_KERNEL_AVX512 inline void value_rows_from(Index r, Index nb, Index b0,
-                                               const float* const* vsrc,
-                                               const AttentionTile<float>& t,
-                                               TileScratch<float>& ts, bool transposed) {
-  for (; r + kValueRows <= nb; r += kValueRows)
-    value_rows_all<PV, kValueRows>(r, b0, vsrc, t, ts, transposed);
-  switch (nb - r) {
-    case 5: value_rows_all<PV, 5>(r, b0, vsrc, t, ts, transposed); break;
-    case 4: value_rows_all<PV, 4>(r, b0, vsrc, t, ts, transposed); break;
-    case 3: value_rows_all<PV, 3>(r, b0, vsrc, t, ts, transposed); break;
-    case 2: value_rows_all<PV, 2>(r, b0, vsrc, t, ts, transposed); break;
-    case 1: value_rows_all<PV, 1>(r, b0, vsrc, t, ts, transposed); break;
-    default: break;
-  }
+    value_rows<R, 1>(r, d0, n, vrow, t, ts, prs, pks);
 }
 
 // ---- one query row (a decode step): NB key blocks at once ---------------------------------
@@ -356,53 +332,6 @@ GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeB
       _mm512_store_ps(parts + i * stride + kPartialHeader + d0 + 16 * v, acc[i][v]);
 }
 
-// ---- the p v policies -----------------------------------------------------------------------
-// The core's drivers (attention_tile_with, row_partials_of) take a block's p v from a policy PV:
-//   block_values(b0, n_blk, r_begin, nb, vrow, t, ts, transposed)
-//       rows [r_begin, nb) of the tile: their p v over the block at b0 (n_blk keys, value rows
-//       vrow; p in the per-row layout, or the row-vector one when transposed), merged into o
-//   decode_probs(b0, NB, t, ts)                      a decode step's NB blocks from b0: their p,
-//                                                    once computed (ts.p + 64 i)
-//   decode_values<NB, V>(b0, d0, n, vrow, t, ts, parts)   their p v into the NB partials
-// FloatPV is the float32 core's: one fused multiply-add chain per element over the visible keys in
-// order (attention_tile.hpp). avx512_bf16's PairPV (kernels/avx512_bf16_attention.hpp) runs the
-// blocks before a row's own on VDPBF16PS instead.
-struct FloatPV {
-  GPT2_KERNEL_AVX512 static void block_values(Index b0, Index n_blk, Index r_begin, Index nb,
-                                              const float* const* vrow,
-                                              const AttentionTile<float>& t,
-                                              TileScratch<float>& ts, bool transposed) {
-    if (!transposed) {
-      value_rows_from<FloatPV>(r_begin, nb, b0, vrow, t, ts, false);
-      return;
-    }
-    // the row-vector path: the block's values copied into ts.vb first (aligned and contiguous:
-    // every row group reads them)
-    const Index hdp = padded_head_dim(t.head_dim);
-    pack_values(vrow, n_blk, t.head_dim, ts.vb);
-    const float* vpacked[kKeyBlock];
-    for (Index j = 0; j < kKeyBlock; ++j) vpacked[j] = ts.vb + j * hdp;
-    value_rows_from<FloatPV>(r_begin, nb, b0, vpacked, t, ts, true);
-  }
-  template <int R, int V>
-  GPT2_KERNEL_AVX512 static void value_rows(Index r, Index d0, const Index (&n)[kValueRows],
-                                            const float* const* vsrc,
-                                            const AttentionTile<float>& t, TileScratch<float>& ts,
-                                            bool transposed) {
-    avx512::value_rows<R, V>(r, d0, n, vsrc, t, ts, probs_row_stride(transposed),
-                             probs_key_stride(transposed));
-  }
-  GPT2_KERNEL_AVX512 static void decode_probs(Index, int, const AttentionTile<float>&,
-                                              TileScratch<float>&) {}
-  template <int NB, int V, class E>
-  GPT2_KERNEL_AVX512 static void decode_values(Index, Index d0, const Index (&n)[kDecodeBlocks],
-                                               const E* const (&vrow)[kDecodeBlocks][kKeyBlock],
-                                               const AttentionTile<float>& t,
-                                               TileScratch<float>& ts, float* parts) {
-    avx512::decode_values<NB, V>(d0, n, vrow, t, ts, parts);
-  }
-};
-
 // p[0 .. kKeyBlock) = the scores of one query row (qs, scaled) against a key block's rows (n of
 // them; 0 for the others): each one fused multiply-add chain over d = 0, 1, .. from +0, as the
 // tiles compute them from the block's k^T. Here each 16 x 16 transpose of the keys is consumed
@@ -436,10 +365,9 @@ GPT2_KERNEL_AVX512 inline void row_scores(const E* const* rows, Index n, Index h
 }
 
 // The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
-// (partial_stride apart), p v by the policy PV. Keys and values from key_pages, value_pages (t's
-// page_rows and strides): float32, or bf16 bits (E = std::uint16_t: the same arithmetic on the
-// widened values).
-template <class PV, int NB, class E>
+// (partial_stride apart). Keys and values from key_pages, value_pages (t's page_rows and strides):
+// float32, or bf16 bits (E = std::uint16_t: the same arithmetic on the widened values).
+template <int NB, class E>
 GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, const AttentionTile<float>& t,
                                                const E* const* key_pages,
                                                const E* const* value_pages,
@@ -457,19 +385,17 @@ GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, const AttentionTile<flo
   }
   const Index stride = partial_stride(hd);
   for (int i = 0; i < NB; ++i) block_stats(n[i], ts.p + i * kKeyBlock, parts + i * stride);
-  PV::decode_probs(b0, NB, t, ts);
   Index d0 = 0;
-  for (; d0 + 64 <= hd; d0 += 64)
-    PV::template decode_values<NB, 4>(b0, d0, n, vrow, t, ts, parts);
+  for (; d0 + 64 <= hd; d0 += 64) decode_values<NB, 4>(d0, n, vrow, t, ts, parts);
   const Index rest = hd - d0;
   if (rest > 48)
-    PV::template decode_values<NB, 4>(b0, d0, n, vrow, t, ts, parts);
+    decode_values<NB, 4>(d0, n, vrow, t, ts, parts);
   else if (rest > 32)
-    PV::template decode_values<NB, 3>(b0, d0, n, vrow, t, ts, parts);
+    decode_values<NB, 3>(d0, n, vrow, t, ts, parts);
   else if (rest > 16)
-    PV::template decode_values<NB, 2>(b0, d0, n, vrow, t, ts, parts);
+    decode_values<NB, 2>(d0, n, vrow, t, ts, parts);
   else if (rest > 0)
-    PV::template decode_values<NB, 1>(b0, d0, n, vrow, t, ts, parts);
+    decode_values<NB, 1>(d0, n, vrow, t, ts, parts);
   // (the stores cover o_b's padded width: its lanes past head_dim hold zeros, the values' masked
   // lanes)
 }
@@ -491,8 +417,8 @@ GPT2_KERNEL_AVX512 inline void init_row(const AttentionTile<float>& t, TileScrat
 }
 
 // The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end), keys
-// and values in the given pages (float32 or bf16 bits), p v by PV.
-template <class PV, class E>
+// and values in the given pages (float32 or bf16 bits).
+template <class E>
 GPT2_KERNEL_AVX512 inline void row_partials_of(const AttentionTile<float>& t,
                                                const E* const* key_pages,
                                                const E* const* value_pages, Index block_begin,
@@ -502,18 +428,18 @@ GPT2_KERNEL_AVX512 inline void row_partials_of(const AttentionTile<float>& t,
   const Index stride = partial_stride(t.head_dim);
   Index b = block_begin;
   for (; b + kDecodeBlocks <= block_end; b += kDecodeBlocks)
-    decode_partials<PV, kDecodeBlocks>(b * kKeyBlock, t, key_pages, value_pages, ts,
-                                       parts + (b - block_begin) * stride);
+    decode_partials<kDecodeBlocks>(b * kKeyBlock, t, key_pages, value_pages, ts,
+                                   parts + (b - block_begin) * stride);
   static_assert(kDecodeBlocks == 2, "the remainder below is one block");
   if (b < block_end)
-    decode_partials<PV, 1>(b * kKeyBlock, t, key_pages, value_pages, ts,
-                           parts + (b - block_begin) * stride);
+    decode_partials<1>(b * kKeyBlock, t, key_pages, value_pages, ts,
+                       parts + (b - block_begin) * stride);
 }
 
 // The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
 GPT2_KERNEL_AVX512 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
                                             Index block_end, float* parts) {
-  row_partials_of<FloatPV>(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
+  row_partials_of(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
 }
 
 // The same with keys and values as bf16 bits (t.key_pages_bf16, t.value_pages_bf16; strides in
@@ -521,8 +447,7 @@ GPT2_KERNEL_AVX512 inline void row_partials(const AttentionTile<float>& t, Index
 GPT2_KERNEL_AVX512 inline void row_partials_kv_bf16(const AttentionTile<float>& t,
                                                     Index block_begin, Index block_end,
                                                     float* parts) {
-  row_partials_of<FloatPV>(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end,
-                           parts);
+  row_partials_of(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
 }
 
 // The tile's one row from its n_blocks partials (blocks 0 .., merged in order): t.out.
@@ -725,9 +650,8 @@ GPT2_KERNEL_AVX512 inline void transpose_queries(Index nb, const AttentionTile<f
     }
 }
 
-// The tile (attention_tile.hpp's interface and arithmetic), p v by the policy PV.
-template <class PV>
-GPT2_KERNEL_AVX512 inline void attention_tile_with(const AttentionTile<float>& t) {
+// The tile (attention_tile.hpp's interface and arithmetic).
+GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
   TileScratch<float> ts(t.scratch, hd);
   const __m512 scale = _mm512_set1_ps(t.scale);
@@ -749,10 +673,9 @@ GPT2_KERNEL_AVX512 inline void attention_tile_with(const AttentionTile<float>& t
     float* parts = ts.vb;  // kDecodeBlocks partials at a time
     for (Index b = 0; b < blocks; b += kDecodeBlocks) {
       if (b + kDecodeBlocks <= blocks)
-        decode_partials<PV, kDecodeBlocks>(b * kKeyBlock, t, t.key_pages, t.value_pages, ts,
-                                           parts);
+        decode_partials<kDecodeBlocks>(b * kKeyBlock, t, t.key_pages, t.value_pages, ts, parts);
       else
-        decode_partials<PV, 1>(b * kKeyBlock, t, t.key_pages, t.value_pages, ts, parts);
+        decode_partials<1>(b * kKeyBlock, t, t.key_pages, t.value_pages, ts, parts);
       for (Index i = 0; i < std::min(kDecodeBlocks, blocks - b); ++i)
         fold_partial(parts + i * stride, hd, ts);
     }
@@ -766,6 +689,8 @@ GPT2_KERNEL_AVX512 inline void attention_tile_with(const AttentionTile<float>& t
   const Index last = t.first_pos + nb - 1;
   const float* krow[kKeyBlock];
   const float* vrow[kKeyBlock];
+  const float* vpacked[kKeyBlock];
+  for (Index j = 0; j < kKeyBlock; ++j) vpacked[j] = ts.vb + j * hdp;
   for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
     const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
     page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
@@ -773,12 +698,22 @@ GPT2_KERNEL_AVX512 inline void attention_tile_with(const AttentionTile<float>& t
     const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
     Index r = r_begin;
     if (row_vectors && nb - r_begin >= 16) {  // 16 rows or more see this block: rows in lanes
+      pack_values(vrow, n_blk, hd, ts.vb);
       const Index groups = (nb + 15) / 16;
       BlockMax bm;
       scores_t_block(groups, b0, n_blk, r_begin, nb, krow, t, ts, bm);
       for (Index g = r_begin / 16; g < groups; ++g)
         block_softmax16(g, b0, n_blk, r_begin, nb, bm, t, ts);
-      PV::block_values(b0, n_blk, r_begin, nb, vrow, t, ts, true);
+      for (; r + kValueRows <= nb; r += kValueRows)
+        value_rows_all<kValueRows>(r, b0, vpacked, t, ts, 1, kTileMaxRows);
+      switch (nb - r) {
+        case 5: value_rows_all<5>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 4: value_rows_all<4>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 3: value_rows_all<3>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 2: value_rows_all<2>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 1: value_rows_all<1>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        default: break;
+      }
       continue;
     }
     pack_keys_t(krow, n_blk, hd, ts.kt);
@@ -791,7 +726,17 @@ GPT2_KERNEL_AVX512 inline void attention_tile_with(const AttentionTile<float>& t
       case 1: score_rows<1>(r, b0, t, ts); break;
       default: break;
     }
-    PV::block_values(b0, n_blk, r_begin, nb, vrow, t, ts, false);
+    r = r_begin;
+    for (; r + kValueRows <= nb; r += kValueRows)
+      value_rows_all<kValueRows>(r, b0, vrow, t, ts, kKeyBlock, 1);
+    switch (nb - r) {
+      case 5: value_rows_all<5>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 4: value_rows_all<4>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 3: value_rows_all<3>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 2: value_rows_all<2>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      case 1: value_rows_all<1>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+      default: break;
+    }
   }
   for (Index r = 0; r < nb; ++r) {
     const __m512 l = _mm512_set1_ps(ts.l[r]);
@@ -799,11 +744,6 @@ GPT2_KERNEL_AVX512 inline void attention_tile_with(const AttentionTile<float>& t
       _mm512_mask_storeu_ps(t.out + r * t.ldo + d0, lanes(d0, hd),
                             _mm512_div_ps(_mm512_load_ps(ts.o + r * hdp + d0), l));
   }
-}
-
-// The float32 core.
-GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
-  attention_tile_with<FloatPV>(t);
 }
 
 }  // namespace gpt2::kernels::avx512

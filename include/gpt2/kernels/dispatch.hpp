@@ -8,8 +8,7 @@
 //            plain x86-64 build); also the only level of double, of MSVC and of non-x86 builds
 //   avx2     AVX2 + FMA, 256-bit (kernels/avx2.hpp)
 //   avx512   AVX-512 F/BW/DQ/VL, 512-bit (kernels/avx512.hpp)
-//   avx512_bf16  avx512 plus AVX512-BF16: bf16 products on VDPBF16PS (kernels/avx512_bf16.hpp),
-//            and with bf16 weights the attention core's p v too (kernels/avx512_bf16_attention.hpp);
+//   avx512_bf16  avx512 plus AVX512-BF16: bf16 products on VDPBF16PS (kernels/avx512_bf16.hpp);
 //            its float32 kernels are avx512's
 //   amx      avx512_bf16 plus AMX-BF16 tiles: bf16 products on TDPBF16PS (kernels/amx.hpp); on
 //            Linux the process must be granted the tile data (arch_prctl, asked once): a refusal
@@ -100,7 +99,6 @@
 #include "gpt2/kernels/avx512.hpp"
 #include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/kernels/avx512_bf16.hpp"
-#include "gpt2/kernels/avx512_bf16_attention.hpp"
 #endif
 // In the separate mode the entry points live in an inline namespace of their own: a program whose
 // implementation file is missing fails to link (rather than linking through some header-only
@@ -320,26 +318,13 @@ struct FloatKernels {
 };
 
 // The table of a vector level (null for generic, and for a level this build does not have);
-// amx runs avx512's, avx512_bf16 avx512's but for the attention entries, whose bf16 tiles
-// (AttentionTile::bf16: bf16 weights) run p v on VDPBF16PS.
+// avx512_bf16 and amx run avx512's.
 GPT2_KERNELS_ENTRY_BEGIN
 #if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 const FloatKernels* float_kernels(Isa isa);
 #endif
 #if !GPT2_KERNELS_DECLARED_ONLY
 GPT2_KERNELS_ENTRY const FloatKernels* float_kernels(Isa isa) {
-#if GPT2_KERNELS_HAVE_AVX512
-  // avx512's, but a bf16 tile's attention (bf16 weights) runs p v on VDPBF16PS
-  static const FloatKernels avx512_bf16_table{Isa::avx512_bf16,        avx512::gemm,
-                                              avx512::gemm_packed,     avx512::row_times_matrix,
-                                              avx512::row_times_packed,
-                                              avx512::row_times_transposed,
-                                              avx512::softmax_row,     avx512_bf16::attention_tile,
-                                              avx512_bf16::row_partials,
-                                              avx512::merge_row_partials,
-                                              avx512_bf16::row_partials_kv_bf16};
-  if (isa == Isa::avx512_bf16) return &avx512_bf16_table;
-#endif
   isa = float_level(isa);
 #if GPT2_KERNELS_HAVE_AVX512
   static const FloatKernels avx512_table{Isa::avx512,           avx512::gemm,
