@@ -364,27 +364,6 @@ GPT2_KERNEL_AVX512 inline void row_scores(const E* const* rows, Index n, Index h
   for (int g = 0; g < G; ++g) _mm512_store_ps(p + 16 * g, acc[g]);
 }
 
-// Rows j0 .. j0 + n - 1 of keys or values (float32 or bf16 bits, E) fetched into cache ahead of
-// their use. A decode step reads each cached row once, and a head's rows are C elements apart (a
-// few to a 4 KB page): the hardware's prefetchers stop at every page, and without this the step
-// waits on memory instead of streaming it (AMD Zen 5, a bf16 cache: 7 GB/s of the 31 one core
-// reads; docs/speed.md). (GCC 12 compiled a version of it in the avx2 header, called from here, to
-// no prefetch instruction at all: `objdump -d` of gpt2_decode_phases shows whether they are there.)
-template <class E>
-GPT2_KERNEL_AVX512 inline void prefetch_rows(const E* const* pages, Index page_rows,
-                                             Index row_stride, Index j0, Index n, Index head_dim) {
-  const Index bytes = head_dim * Index(sizeof(E));
-  Index page = j0 / page_rows, in_page = j0 % page_rows;
-  for (Index i = 0; i < n; ++i) {
-    const char* row = reinterpret_cast<const char*>(pages[page] + in_page * row_stride);
-    for (Index at = 0; at < bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
-    if (++in_page == page_rows) {
-      ++page;
-      in_page = 0;
-    }
-  }
-}
-
 // The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
 // (partial_stride apart). Keys and values from key_pages, value_pages (t's page_rows and strides):
 // float32, or bf16 bits (E = std::uint16_t: the same arithmetic on the widened values).
@@ -394,14 +373,8 @@ GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, const AttentionTile<flo
                                                const E* const* value_pages,
                                                TileScratch<float>& ts, float* parts) {
   const Index hd = t.head_dim;
-  {  // the next NB blocks' rows (those the row sees), while these run
-    const Index ahead = b0 + NB * kKeyBlock;
-    const Index count = std::min<Index>(NB * kKeyBlock, t.first_pos + 1 - ahead);
-    if (count > 0) {
-      prefetch_rows(key_pages, t.page_rows, t.key_stride, ahead, count, hd);
-      prefetch_rows(value_pages, t.page_rows, t.value_stride, ahead, count, hd);
-    }
-  }
+  // the next NB blocks' rows, while these run (the caller fetched these)
+  prefetch_keys_and_values(t, key_pages, value_pages, b0 + NB * kKeyBlock, NB * kKeyBlock);
   Index n[kDecodeBlocks] = {};
   const E* krow[kKeyBlock];
   const E* vrow[kDecodeBlocks][kKeyBlock];
@@ -453,6 +426,8 @@ GPT2_KERNEL_AVX512 inline void row_partials_of(const AttentionTile<float>& t,
                                                const E* const* value_pages, Index block_begin,
                                                Index block_end, float* parts) {
   TileScratch<float> ts(t.scratch, t.head_dim);
+  prefetch_keys_and_values(t, key_pages, value_pages, block_begin * kKeyBlock,
+                           kDecodeBlocks * kKeyBlock);
   init_row(t, ts);
   const Index stride = partial_stride(t.head_dim);
   Index b = block_begin;
@@ -698,6 +673,7 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     ts.l[r] = 0.0f;
   }
   if (nb == 1) {  // a decode step: kDecodeBlocks blocks at a time, each a partial merged in order
+    prefetch_keys_and_values(t, t.key_pages, t.value_pages, 0, kDecodeBlocks * kKeyBlock);
     const Index blocks = t.first_pos / kKeyBlock + 1, stride = partial_stride(hd);
     float* parts = ts.vb;  // kDecodeBlocks partials at a time
     for (Index b = 0; b < blocks; b += kDecodeBlocks) {
