@@ -129,21 +129,23 @@ inline void page_rows_of(const T* const* pages, Index page_rows, Index row_strid
 }
 
 // Rows j0 .. j0 + n - 1 of keys or values (float32 or bf16 bits, E; in pages of page_rows rows,
-// row_stride elements apart) fetched into cache ahead of their use. A decode step reads each
-// cached row once, and a head's rows are C elements apart (a few to a 4 KB page): the hardware's
-// prefetchers stop at every page, and without this the step waits on memory instead of streaming
-// it (AMD Zen 5, a bf16 cache: 7 GB/s of the 31 one core reads; docs/speed.md). The prefetch is a
-// volatile asm: GCC 12 deleted loops of _mm_prefetch (__builtin_prefetch) as loops without effect
-// in some of the ways this was written. Nothing elsewhere than x86 with GCC or clang.
+// row_stride elements apart), every cache line of their head_dim elements, fetched into cache
+// ahead of their use. A decode step reads each cached row once, in the order of its 16 x 16
+// transposes (64 bytes of each of 16 rows at a time, not row after row), which the hardware's
+// prefetchers follow poorly: without this the step waited on memory (AMD Zen 5, a bf16 cache: 7
+// GB/s of the 31 one core reads; docs/speed.md). The prefetch is a volatile asm, which no compiler
+// may drop: GCC 12 compiled one wrapper form of a _mm_prefetch loop to no instruction at all
+// (objdump). Nothing off x86 or without GCC or clang (no vector level runs there).
 template <class E>
 inline void prefetch_rows(const E* const* pages, Index page_rows, Index row_stride, Index j0,
                           Index n, Index head_dim) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  const Index bytes = head_dim * Index(sizeof(E));
+  const std::uintptr_t bytes = static_cast<std::uintptr_t>(head_dim) * sizeof(E);
   Index page = j0 / page_rows, in_page = j0 % page_rows;
   for (Index i = 0; i < n; ++i) {
-    const char* row = reinterpret_cast<const char*>(pages[page] + in_page * row_stride);
-    for (Index at = 0; at < bytes; at += 64) asm volatile("prefetcht0 %0" : : "m"(row[at]));
+    const std::uintptr_t row = reinterpret_cast<std::uintptr_t>(pages[page] + in_page * row_stride);
+    for (std::uintptr_t line = row & ~std::uintptr_t(63); line < row + bytes; line += 64)
+      asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(line)));
     if (++in_page == page_rows) {
       ++page;
       in_page = 0;
@@ -154,12 +156,13 @@ inline void prefetch_rows(const E* const* pages, Index page_rows, Index row_stri
 #endif
 }
 
-// A decode step's key and value rows j0 .. j0 + n - 1 (those its one row sees: to t.first_pos)
-// fetched into cache ahead of their use.
+// A decode step's key and value rows j0 .. j0 + n - 1, of those before key_end that its one row
+// sees (to t.first_pos), fetched into cache ahead of their use.
 template <class E>
 inline void prefetch_keys_and_values(const AttentionTile<float>& t, const E* const* key_pages,
-                                     const E* const* value_pages, Index j0, Index n) {
-  n = std::min<Index>(n, t.first_pos + 1 - j0);
+                                     const E* const* value_pages, Index j0, Index n,
+                                     Index key_end) {
+  n = std::min<Index>(n, std::min<Index>(t.first_pos + 1, key_end) - j0);
   if (n <= 0) return;
   prefetch_rows(key_pages, t.page_rows, t.key_stride, j0, n, t.head_dim);
   prefetch_rows(value_pages, t.page_rows, t.value_stride, j0, n, t.head_dim);

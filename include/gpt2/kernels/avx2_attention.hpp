@@ -319,7 +319,8 @@ GPT2_KERNEL_AVX2 inline void row_partials_of(const AttentionTile<float>& t,
     const Index b0 = b * kKeyBlock, n = visible_in_block(t.first_pos, b0);
     page_rows_of<E>(key_pages, t.page_rows, t.key_stride, b0, n, krow);
     page_rows_of<E>(value_pages, t.page_rows, t.value_stride, b0, n, vrow);
-    prefetch_keys_and_values(t, key_pages, value_pages, b0 + kKeyBlock, kKeyBlock);  // the next
+    prefetch_keys_and_values(t, key_pages, value_pages, b0 + kKeyBlock, kKeyBlock,  // the next
+                             block_end * kKeyBlock);
     row_scores(krow, n, hd, ts.qs, ts.p);
     pack_values(vrow, n, hd, ts.vb);
     float* part = parts + (b - block_begin) * stride;

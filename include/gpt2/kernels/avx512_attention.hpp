@@ -366,15 +366,17 @@ GPT2_KERNEL_AVX512 inline void row_scores(const E* const* rows, Index n, Index h
 
 // The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
 // (partial_stride apart). Keys and values from key_pages, value_pages (t's page_rows and strides):
-// float32, or bf16 bits (E = std::uint16_t: the same arithmetic on the widened values).
+// float32, or bf16 bits (E = std::uint16_t: the same arithmetic on the widened values). The next
+// NB blocks' rows before key_end are fetched into cache meanwhile.
 template <int NB, class E>
-GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, const AttentionTile<float>& t,
+GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, Index key_end,
+                                               const AttentionTile<float>& t,
                                                const E* const* key_pages,
                                                const E* const* value_pages,
                                                TileScratch<float>& ts, float* parts) {
   const Index hd = t.head_dim;
-  // the next NB blocks' rows, while these run (the caller fetched these)
-  prefetch_keys_and_values(t, key_pages, value_pages, b0 + NB * kKeyBlock, NB * kKeyBlock);
+  prefetch_keys_and_values(t, key_pages, value_pages, b0 + NB * kKeyBlock, NB * kKeyBlock,
+                           key_end);
   Index n[kDecodeBlocks] = {};
   const E* krow[kKeyBlock];
   const E* vrow[kDecodeBlocks][kKeyBlock];
@@ -426,17 +428,18 @@ GPT2_KERNEL_AVX512 inline void row_partials_of(const AttentionTile<float>& t,
                                                const E* const* value_pages, Index block_begin,
                                                Index block_end, float* parts) {
   TileScratch<float> ts(t.scratch, t.head_dim);
+  const Index key_end = block_end * kKeyBlock;
   prefetch_keys_and_values(t, key_pages, value_pages, block_begin * kKeyBlock,
-                           kDecodeBlocks * kKeyBlock);
+                           kDecodeBlocks * kKeyBlock, key_end);
   init_row(t, ts);
   const Index stride = partial_stride(t.head_dim);
   Index b = block_begin;
   for (; b + kDecodeBlocks <= block_end; b += kDecodeBlocks)
-    decode_partials<kDecodeBlocks>(b * kKeyBlock, t, key_pages, value_pages, ts,
+    decode_partials<kDecodeBlocks>(b * kKeyBlock, key_end, t, key_pages, value_pages, ts,
                                    parts + (b - block_begin) * stride);
   static_assert(kDecodeBlocks == 2, "the remainder below is one block");
   if (b < block_end)
-    decode_partials<1>(b * kKeyBlock, t, key_pages, value_pages, ts,
+    decode_partials<1>(b * kKeyBlock, key_end, t, key_pages, value_pages, ts,
                        parts + (b - block_begin) * stride);
 }
 
@@ -673,14 +676,16 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     ts.l[r] = 0.0f;
   }
   if (nb == 1) {  // a decode step: kDecodeBlocks blocks at a time, each a partial merged in order
-    prefetch_keys_and_values(t, t.key_pages, t.value_pages, 0, kDecodeBlocks * kKeyBlock);
+    const Index key_end = t.first_pos + 1;
+    prefetch_keys_and_values(t, t.key_pages, t.value_pages, 0, kDecodeBlocks * kKeyBlock, key_end);
     const Index blocks = t.first_pos / kKeyBlock + 1, stride = partial_stride(hd);
     float* parts = ts.vb;  // kDecodeBlocks partials at a time
     for (Index b = 0; b < blocks; b += kDecodeBlocks) {
       if (b + kDecodeBlocks <= blocks)
-        decode_partials<kDecodeBlocks>(b * kKeyBlock, t, t.key_pages, t.value_pages, ts, parts);
+        decode_partials<kDecodeBlocks>(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, ts,
+                                       parts);
       else
-        decode_partials<1>(b * kKeyBlock, t, t.key_pages, t.value_pages, ts, parts);
+        decode_partials<1>(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, ts, parts);
       for (Index i = 0; i < std::min(kDecodeBlocks, blocks - b); ++i)
         fold_partial(parts + i * stride, hd, ts);
     }
