@@ -128,44 +128,40 @@ inline void page_rows_of(const T* const* pages, Index page_rows, Index row_strid
   }
 }
 
-// Rows j0 .. j0 + n - 1 of keys or values (float32 or bf16 bits, E; in pages of page_rows rows,
-// row_stride elements apart), every cache line of their head_dim elements, fetched into cache
-// ahead of their use. A decode step reads each cached row once, in the order of its 16 x 16
-// transposes (64 bytes of each of 16 rows at a time, not row after row), which the hardware's
-// prefetchers follow poorly: without this the step waited on memory (AMD Zen 5, a bf16 cache: 7
-// GB/s of the 31 one core reads; docs/speed.md). The prefetch is a volatile asm, which no compiler
-// may drop: GCC 12 compiled one wrapper form of a _mm_prefetch loop to no instruction at all
-// (objdump). Nothing off x86 or without GCC or clang (no vector level runs there).
+// Every cache line of the head_dim elements (float32 or bf16 bits, E) of rows[0 .. n) fetched
+// into cache ahead of their use. A decode step reads each cached row once, in the order of its
+// 16 x 16 transposes (64 bytes of each of 16 rows at a time, not row after row), which the
+// hardware's prefetchers follow poorly: without this the step waited on memory (AMD Zen 5, a bf16
+// cache: 7 GB/s of the 31 one core reads; docs/speed.md). The prefetch is a volatile asm, which no
+// compiler may drop: GCC 12 compiled one wrapper form of a _mm_prefetch loop to no instruction at
+// all (objdump). Nothing off x86 or without GCC or clang (no vector level runs there).
 template <class E>
-inline void prefetch_rows(const E* const* pages, Index page_rows, Index row_stride, Index j0,
-                          Index n, Index head_dim) {
+inline void prefetch_rows(const E* const* rows, Index n, Index head_dim) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   const std::uintptr_t bytes = static_cast<std::uintptr_t>(head_dim) * sizeof(E);
-  Index page = j0 / page_rows, in_page = j0 % page_rows;
   for (Index i = 0; i < n; ++i) {
-    const std::uintptr_t row = reinterpret_cast<std::uintptr_t>(pages[page] + in_page * row_stride);
+    const std::uintptr_t row = reinterpret_cast<std::uintptr_t>(rows[i]);
     for (std::uintptr_t line = row & ~std::uintptr_t(63); line < row + bytes; line += 64)
       asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(line)));
-    if (++in_page == page_rows) {
-      ++page;
-      in_page = 0;
-    }
   }
 #else
-  (void)pages, (void)page_rows, (void)row_stride, (void)j0, (void)n, (void)head_dim;
+  (void)rows, (void)n, (void)head_dim;
 #endif
 }
 
-// A decode step's key and value rows j0 .. j0 + n - 1, of those before key_end that its one row
-// sees (to t.first_pos), fetched into cache ahead of their use.
+// A decode step's key and value rows j0 .. j0 + n - 1 (n <= kDecodeBlocks blocks), of those before
+// key_end that its one row sees (to t.first_pos), fetched into cache ahead of their use.
 template <class E>
 inline void prefetch_keys_and_values(const AttentionTile<float>& t, const E* const* key_pages,
                                      const E* const* value_pages, Index j0, Index n,
                                      Index key_end) {
-  n = std::min<Index>(n, std::min<Index>(t.first_pos + 1, key_end) - j0);
+  n = std::min({n, kDecodeBlocks * kKeyBlock, t.first_pos + 1 - j0, key_end - j0});
   if (n <= 0) return;
-  prefetch_rows(key_pages, t.page_rows, t.key_stride, j0, n, t.head_dim);
-  prefetch_rows(value_pages, t.page_rows, t.value_stride, j0, n, t.head_dim);
+  const E* rows[kDecodeBlocks * kKeyBlock];
+  page_rows_of<E>(key_pages, t.page_rows, t.key_stride, j0, n, rows);
+  prefetch_rows(rows, n, t.head_dim);
+  page_rows_of<E>(value_pages, t.page_rows, t.value_stride, j0, n, rows);
+  prefetch_rows(rows, n, t.head_dim);
 }
 
 // One row's share of one key block before merging, the unit a decode step's keys are split into
