@@ -3,6 +3,7 @@
 // whole-sequence forward. The PyTorch past_key_values cases are in test_reference_incremental.cpp.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 #include <type_traits>
 
@@ -368,6 +369,13 @@ TYPED_TEST(KVCacheTest, ChunkedEqualsWhole) {
     }
     EXPECT_TRUE(near(out, whole, kChunkTolerance<T>));
     EXPECT_TRUE(near(probs, whole_probs, kChunkTolerance<T>));
+    // without probabilities (a decode step's own path: the keys' transposed blocks, the split
+    // over threads): the same bits
+    const RowMatrix<T> plain_out = run_chunked<T>(w, x, split);
+    if (exact) {
+      EXPECT_TRUE(plain_out == whole);
+    }
+    EXPECT_TRUE(near(plain_out, whole, kChunkTolerance<T>));
     // causal zeros stay exact
     for (Index h = 0; h < 2; ++h)
       for (Index t = 0; t + 1 < T_; ++t)
@@ -404,6 +412,83 @@ TYPED_TEST(KVCacheTest, ChunkedKeysAndValuesAreTheWholeOnes) {
     EXPECT_TRUE(cache.keys(h) == gpt2::k_view(qkv, w.config(), h)) << "head " << h;
     EXPECT_TRUE(cache.values(h) == gpt2::v_view(qkv, w.config(), h)) << "head " << h;
   }
+}
+
+// The keys' transposed blocks (transposed_key_blocks, read by the vector levels' decode steps)
+// hold the cached keys through appends of both layouts, truncations, copies and moves; a double
+// cache keeps none.
+template <class Cache>
+void expect_blocks_mirror_keys(const Cache& cache) {
+  const Index hd = cache.config().head_dim(), B = gpt2::kernels::kKeyBlock;
+  for (Index h = 0; h < cache.config().n_head; ++h) {
+    const auto* kt = cache.transposed_key_blocks(h);
+    ASSERT_NE(kt, nullptr);
+    const auto keys = cache.key_storage().middleRows(h * cache.capacity(), cache.n_past());
+    for (Index j = 0; j < cache.n_past(); ++j)
+      for (Index d = 0; d < hd; ++d)
+        ASSERT_EQ(kt[((j / B) * hd + d) * B + j % B], keys(j, d))
+            << "head " << h << ", position " << j << ", component " << d;
+  }
+}
+TEST(KVCacheKeyBlocks, MirrorTheKeys) {
+  const Model<float> m = random_model<float>(48, 3, 3);
+  const gpt2::AttentionWeights<float> w = m.weights();
+  const RowMatrix<float> x = random_input<float>(150, 48, 4);
+  KVCache<float> cache(m.config, 200);
+  gpt2::KVCacheBF16 bf16(m.config, 200);
+  gpt2::Workspace<float> ws(m.config);
+  RowMatrix<float> out(150, 48);
+  gpt2::attention_forward<float>(w, x.topRows(70), cache, ws, out.topRows(70));
+  const RowMatrix<float> half = x * 0.5f;
+  bf16.append(x.topRows(70), half.topRows(70));
+  expect_blocks_mirror_keys(cache);
+  expect_blocks_mirror_keys(bf16);
+  cache.truncate(61);
+  bf16.truncate(61);
+  gpt2::attention_forward<float>(w, x.middleRows(61, 69), cache, ws, out.middleRows(61, 69));
+  const RowMatrix<float> past = random_input<float>(3 * 20, 16, 5);  // [n_head * 20, head_dim]
+  cache.append_past(past, past);
+  bf16.append_past(past, past);
+  EXPECT_EQ(cache.n_past(), 150);
+  expect_blocks_mirror_keys(cache);
+  expect_blocks_mirror_keys(bf16);
+  KVCache<float> copy = cache.copy();
+  expect_blocks_mirror_keys(copy);
+  KVCache<float> moved = std::move(copy);
+  expect_blocks_mirror_keys(moved);
+  gpt2::KVCacheBF16 bf16_copy(m.config, 150);
+  bf16_copy.copy_from(bf16);
+  expect_blocks_mirror_keys(bf16_copy);
+  // the blocks' bytes are in bytes(): the keys kept twice (capacity rounded up to whole blocks)
+  EXPECT_EQ(cache.bytes(), static_cast<Index>(sizeof(float)) * (2 * 200 + 256) * 48);
+  EXPECT_EQ(bf16.bytes(), 2 * (2 * 200 + 256) * 48);
+  const KVCache<double> none(gpt2::AttentionConfig{48, 3}, 10);
+  EXPECT_EQ(none.transposed_key_blocks(0), nullptr);
+  EXPECT_EQ(none.bytes(), static_cast<Index>(sizeof(double)) * 2 * 10 * 48);
+}
+
+// What a rolled-back forward left in the blocks (here NaN keys) never reaches a later step: the
+// lanes of positions a row does not see are masked, so decode steps after the truncation give
+// the bits of a cache that never held them.
+TEST(KVCacheKeyBlocks, RolledBackKeysDoNotReachLaterSteps) {
+  const Model<float> m = random_model<float>(128, 2, 7);
+  const gpt2::AttentionWeights<float> w = m.weights();
+  const RowMatrix<float> x = random_input<float>(100, 128, 8);
+  RowMatrix<float> poison = x.middleRows(70, 5);
+  poison.setConstant(std::numeric_limits<float>::quiet_NaN());
+  KVCache<float> clean(m.config, 100), dirty(m.config, 100);
+  gpt2::Workspace<float> ws(m.config);
+  RowMatrix<float> a(100, 128), b(100, 128), junk(5, 128);
+  gpt2::attention_forward<float>(w, x.topRows(70), clean, ws, a.topRows(70));
+  gpt2::attention_forward<float>(w, x.topRows(70), dirty, ws, b.topRows(70));
+  gpt2::attention_forward<float>(w, poison, dirty, ws, junk);
+  dirty.truncate(70);
+  for (Index t = 70; t < 100; ++t) {
+    gpt2::attention_forward<float>(w, x.row(t), clean, ws, a.row(t));
+    gpt2::attention_forward<float>(w, x.row(t), dirty, ws, b.row(t));
+  }
+  EXPECT_TRUE(a == b);
+  EXPECT_TRUE(a.allFinite());
 }
 
 // The workspace is sized for the whole cache on the first call and then reused.

@@ -47,6 +47,9 @@ struct HeadPages {
   Index row_stride = 0;
   Index n_keys = 0;
   Index head_dim = 0;
+  // Optional: the keys transposed in 64-key blocks (kernels::AttentionTile::keys_t; a KV cache's
+  // transposed_key_blocks(h)), read by the vector levels' decode steps. Null: none.
+  const T* keys_t = nullptr;
 };
 
 // The score tile's rows start on 64-byte boundaries (its column count is rounded up to a multiple
@@ -222,6 +225,7 @@ void attention_rows(const ConstMatrixRef<T>& q, const HeadPages<T>& kv, Index r0
   t.page_rows = kv.page_rows;
   t.key_stride = kv.row_stride;
   t.value_stride = kv.row_stride;
+  t.keys_t = kv.keys_t;
   run_tile<T>(t);
 }
 
@@ -245,6 +249,7 @@ void attention_row_partials(const ConstMatrixRef<T>& q, const HeadPages<T>& kv, 
   t.page_rows = kv.page_rows;
   t.key_stride = kv.row_stride;
   t.value_stride = kv.row_stride;
+  t.keys_t = kv.keys_t;
   if constexpr (std::is_same<T, float>::value) {
     if (const kernels::FloatKernels* kern = vector_kernels<T>()) {
       kern->row_partials(t, block_begin, block_end, parts);
@@ -275,11 +280,12 @@ void merge_row_partials(Index head_dim, Index n_keys, const T* parts, T* out,
   kernels::generic::merge_row_partials<T>(t, n_blocks, parts);
 }
 
-// The same over contiguous k, v [n_keys, head_dim] (one page each; their strides may differ).
+// The same over contiguous k, v [n_keys, head_dim] (one page each; their strides may differ), and
+// optionally the keys' transposed blocks (HeadPages::keys_t).
 template <class T>
 void attention_rows(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
                     const ConstMatrixRef<T>& v, Index r0, Index nb, MatrixRef<T>& out,
-                    AttentionScratch<T>& scratch) {
+                    AttentionScratch<T>& scratch, const T* keys_t = nullptr) {
   if (nb <= 0) return;
   const T* key_page = k.data();
   const T* value_page = v.data();
@@ -289,6 +295,7 @@ void attention_rows(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
   t.page_rows = k.rows();  // one page: every key row j < n_keys is in page 0
   t.key_stride = k.outerStride();
   t.value_stride = v.outerStride();
+  t.keys_t = keys_t;
   run_tile<T>(t);
 }
 
@@ -327,12 +334,14 @@ void probability_rows(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k, In
   probs.middleRows(r0, nb).rightCols(n_keys - n_visible).setZero();
 }
 
-// Rows [r0, r0 + nb) of one head: the fused core, and the probabilities when probs is not null.
+// Rows [r0, r0 + nb) of one head: the fused core, and the probabilities when probs is not null
+// (keys_t: optional, as attention_rows').
 template <class T>
 void attention_row_tile(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
                         const ConstMatrixRef<T>& v, Index r0, Index nb, MatrixRef<T>& out,
-                        MatrixRef<T>* probs, AttentionScratch<T>& scratch) {
-  attention_rows<T>(q, k, v, r0, nb, out, scratch);
+                        MatrixRef<T>* probs, AttentionScratch<T>& scratch,
+                        const T* keys_t = nullptr) {
+  attention_rows<T>(q, k, v, r0, nb, out, scratch, keys_t);
   if (probs) probability_rows<T>(q, k, r0, nb, *probs, scratch);
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
 #include <type_traits>
 
@@ -121,10 +122,11 @@ void proj_parallel(const AttentionWeights<T>& w, const ConstMatrixRef<T>& merged
 // 64-key blocks over the threads, every block a partial, then each head's partials merged in block
 // order, so the step gives the bits of the unsplit one on any thread count. False (nothing done)
 // when the step does not call for it. Shapes already checked.
-template <class T, class KeysOf, class ValuesOf>
+template <class T, class KeysOf, class ValuesOf, class KeyBlocksOf>
 bool split_decode_step(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
-                       const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
-                       MatrixRef<T>& merged, int n_threads) {
+                       const KeysOf& keys_of, const ValuesOf& values_of,
+                       const KeyBlocksOf& key_blocks_of, Workspace<T>& ws, MatrixRef<T>& merged,
+                       int n_threads) {
   const Index n_head = config.n_head, hd = config.head_dim();
   if (qkv.rows() != 1 || n_head >= n_threads) return false;
   const Index n_keys = keys_of(0).rows();
@@ -148,6 +150,7 @@ bool split_decode_step(const AttentionConfig& config, const ConstMatrixRef<T>& q
     kv.row_stride = k.outerStride();
     kv.n_keys = n_keys;
     kv.head_dim = hd;
+    kv.keys_t = key_blocks_of(h);
     attention_row_partials<T>(q_view(qkv, config, h), kv, b0, b1,
                               parts + (h * n_blocks + b0) * stride,
                               ws.threads[static_cast<std::size_t>(thread)].attention);
@@ -167,11 +170,19 @@ bool split_decode_step(const AttentionConfig& config, const ConstMatrixRef<T>& q
 // head (the threads share one head's keys and values in cache), each head's costliest tiles (the
 // last rows, which see the most keys) first; ws must have room for n_keys keys on n_threads
 // threads.
-// A decode step with fewer heads than threads is split_decode_step's.
-template <class T, class KeysOf, class ValuesOf>
+// A decode step with fewer heads than threads is split_decode_step's. key_blocks_of(h): head h's
+// keys transposed in 64-key blocks (a KV cache's transposed_key_blocks), or null (NoKeyBlocks).
+struct NoKeyBlocks {
+  template <class H>
+  std::nullptr_t operator()(H) const {
+    return nullptr;
+  }
+};
+template <class T, class KeysOf, class ValuesOf, class KeyBlocksOf = NoKeyBlocks>
 void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
                   const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
-                  MatrixRef<T>& merged, MatrixRef<T>* probs, int n_threads) {
+                  MatrixRef<T>& merged, MatrixRef<T>* probs, int n_threads,
+                  const KeyBlocksOf& key_blocks_of = KeyBlocksOf{}) {
   const Index T_ = qkv.rows(), n_head = config.n_head;
   for (Index h = 0; h < n_head; ++h) {  // every check before any thread starts
     MatrixRef<T> y = head_slot(merged, config, h);
@@ -186,7 +197,9 @@ void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
                                              : attention_row_block(ws.threads[0].attention,
                                                                    config.head_dim(), probs != nullptr);
   const Index tiles = attention_row_tiles(T_, row_block);
-  if (!probs && split_decode_step<T>(config, qkv, keys_of, values_of, ws, merged, n_threads)) return;
+  if (!probs &&
+      split_decode_step<T>(config, qkv, keys_of, values_of, key_blocks_of, ws, merged, n_threads))
+    return;
   if (probs) ws.reserve_probabilities();  // the probabilities' score tiles (the first time)
   parallel_tasks(n_head * tiles, n_threads, [&](Index task, int thread) {
     const Index h = task / tiles, tile = tiles - 1 - task % tiles;
@@ -199,18 +212,19 @@ void attend_heads(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
                             scratch);
     } else {
       attention_row_tile<T>(q_view(qkv, config, h), keys_of(h), values_of(h), r0, nb, y, nullptr,
-                            scratch);
+                            scratch, key_blocks_of(h));
     }
   });
 }
 
 // Steps 3 to 5: attend_heads, then out [T, C] = merged @ c_proj.weight + c_proj.bias.
-template <class T, class KeysOf, class ValuesOf>
+template <class T, class KeysOf, class ValuesOf, class KeyBlocksOf = NoKeyBlocks>
 void attend_and_project(const AttentionWeights<T>& w, const ConstMatrixRef<T>& qkv,
                         const KeysOf& keys_of, const ValuesOf& values_of, Workspace<T>& ws,
                         MatrixRef<T>& merged, MatrixRef<T>& out, MatrixRef<T>* probs,
-                        int n_threads) {
-  attend_heads<T>(w.config(), qkv, keys_of, values_of, ws, merged, probs, n_threads);
+                        int n_threads, const KeyBlocksOf& key_blocks_of = KeyBlocksOf{}) {
+  attend_heads<T>(w.config(), qkv, keys_of, values_of, ws, merged, probs, n_threads,
+                  key_blocks_of);
   const ConstMatrixRef<T> merged_read = merged;
   proj_parallel<T>(w, merged_read, out, ws, n_threads);
 }

@@ -70,7 +70,8 @@ void attend_cached(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
                    MatrixRef<T>* probs, int n_threads) {
   attend_heads<T>(
       config, qkv, [&](Index h) { return cache.keys(h); },
-      [&](Index h) { return cache.values(h); }, ws, merged, probs, n_threads);
+      [&](Index h) { return cache.values(h); }, ws, merged, probs, n_threads,
+      [&](Index h) { return cache.transposed_key_blocks(h); });
 }
 
 // The cached forward, after both checks with a workspace grown to T_new tokens and
@@ -93,7 +94,8 @@ void run_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x
     const KVCache<T>& cached = cache;
     attend_and_project<T>(
         w, qkv_read, [&](Index h) { return cached.keys(h); },
-        [&](Index h) { return cached.values(h); }, ws, merged, out, probs, n_threads);
+        [&](Index h) { return cached.values(h); }, ws, merged, out, probs, n_threads,
+        [&](Index h) { return cached.transposed_key_blocks(h); });
   } catch (...) {
     cache.truncate(n_past);
     throw;

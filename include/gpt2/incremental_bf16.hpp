@@ -70,11 +70,13 @@ inline const kernels::FloatKernels* bf16_cache_kernels() {
 
 // The partials of q's one row (position n_keys - 1; q [T, head_dim], its last row) over key
 // blocks [block_begin, block_end) of one head's bf16 keys and values [n_keys, head_dim], read in
-// place by kern's row_partials_kv_bf16 (bitwise attention_row_partials on the widened values).
+// place by kern's row_partials_kv_bf16 (bitwise attention_row_partials on the widened values);
+// keys_t: optionally the keys' transposed blocks (KVCacheBF16::transposed_key_blocks).
 inline void row_partials_kv_bf16(const kernels::FloatKernels& kern, const ConstMatrixRef<float>& q,
                                  const KVCacheBF16::ConstBitsRef& keys,
                                  const KVCacheBF16::ConstBitsRef& values, Index block_begin,
-                                 Index block_end, float* parts, AttentionScratch<float>& scratch) {
+                                 Index block_end, float* parts, AttentionScratch<float>& scratch,
+                                 const std::uint16_t* keys_t = nullptr) {
   scratch.reserve_tile(q.cols());
   const std::uint16_t* key_page = keys.data();
   const std::uint16_t* value_page = values.data();
@@ -91,6 +93,7 @@ inline void row_partials_kv_bf16(const kernels::FloatKernels& kern, const ConstM
   t.page_rows = keys.rows();  // one page
   t.key_stride = keys.outerStride();
   t.value_stride = values.outerStride();
+  t.keys_t_bf16 = keys_t;
   kern.row_partials_kv_bf16(t, block_begin, block_end, parts);
 }
 
@@ -120,7 +123,8 @@ inline void attend_decode_bf16(const AttentionConfig& config, const ConstMatrixR
     const KVCacheBF16::ConstBitsRef key_bits = cache.key_bits(h), value_bits = cache.value_bits(h);
     if (in_place != nullptr) {
       row_partials_kv_bf16(*in_place, q_view(qkv, config, h), key_bits, value_bits, b0, b1,
-                           parts + (h * n_blocks + b0) * stride, scratch.attention);
+                           parts + (h * n_blocks + b0) * stride, scratch.attention,
+                           cache.transposed_key_blocks(h));
       return;
     }
     float* keys = scratch.kv_widened.data();

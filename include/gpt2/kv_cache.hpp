@@ -7,15 +7,24 @@
 // one contiguous stream of n_past * head_dim scalars, the score product q k^T is a plain
 // matrix-vector product over it, and appending a token writes n_head short rows. (The qkv layout
 // [capacity, C] would make every head's read a strided walk over all heads' data.)
+//
+// Float and bf16 caches also keep every key a second time, transposed in blocks of 64 positions
+// (transposed_key_blocks(h)): a decode step's scores run over the keys with the positions in the
+// vector lanes (kernels/attention_tile.hpp), and from the rows the kernels would transpose every
+// block in registers, reading each row 16 times in 64-byte pieces; from the blocks they stream
+// them. The keys' bytes are kept twice: bytes() is 1.5x the keys and values alone.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "gpt2/config.hpp"
 #include "gpt2/error.hpp"
+#include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
@@ -31,12 +40,19 @@ template <class E>
 class KVStorage {
  public:
   using Storage = RowMatrix<E>;
+  // Whether the keys are also kept in transposed blocks: float32 and bf16 bits (the vector levels'
+  // decode kernels read them); not double (the generic level's, which reads rows).
+  static constexpr bool kKeepsKeyBlocks = !std::is_same<E, double>::value;
+  static constexpr Index kKeyBlock = kernels::kKeyBlock;
 
   const AttentionConfig& config() const { return config_; }
   Index capacity() const { return capacity_; }          // positions it has room for in all
   Index n_past() const { return n_past_; }              // positions cached
-  // Bytes of the key and value storage (allocated in full by the constructor).
-  Index bytes() const { return (keys_.size() + values_.size()) * static_cast<Index>(sizeof(E)); }
+  // Bytes of the key and value storage (allocated in full by the constructor), the transposed key
+  // blocks included.
+  Index bytes() const {
+    return (keys_.size() + values_.size() + keys_t_.size()) * static_cast<Index>(sizeof(E));
+  }
   Index remaining() const { return capacity_ - n_past_; }  // positions that still fit
 
   // Forgets every position (keeps the storage).
@@ -66,6 +82,19 @@ class KVStorage {
   ConstMatrixRef<E> key_storage() const { return keys_; }
   ConstMatrixRef<E> value_storage() const { return values_; }
 
+  // Head h's cached keys transposed in blocks of kKeyBlock positions: block b (positions 64 b ..
+  // 64 b + 63) at transposed_key_blocks(h) + b * head_dim * kKeyBlock, [head_dim][kKeyBlock]
+  // row-major (element (d, j) is head h's key 64 b + j, component d). Positions from n_past on
+  // hold zeros or what a rolled-back forward wrote. Null for a double cache (which keeps none).
+  const E* transposed_key_blocks(Index h) const {
+    if constexpr (!kKeepsKeyBlocks) {
+      (void)check_head(h);
+      return nullptr;
+    } else {
+      return keys_t_.data() + check_head(h) * key_blocks() * config_.head_dim() * kKeyBlock;
+    }
+  }
+
  protected:
   // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements.
   KVStorage(const AttentionConfig& config, Index max_tokens) : config_(config) {
@@ -79,6 +108,12 @@ class KVStorage {
     capacity_ = max_tokens;
     keys_.resize(config_.n_head * capacity_, config_.head_dim());
     values_.resize(config_.n_head * capacity_, config_.head_dim());
+    if constexpr (kKeepsKeyBlocks) {
+      keys_t_.resize(config_.n_head * key_blocks() * config_.head_dim(), kKeyBlock);
+      keys_t_.setZero();  // the lanes of positions not yet cached are read (and masked)
+    } else {
+      keys_t_.resize(0, kKeyBlock);
+    }
   }
 
   // No implicit copies (a cache is megabytes): the caches' copy() and copy_from() are the
@@ -91,9 +126,11 @@ class KVStorage {
         capacity_(std::exchange(other.capacity_, 0)),
         n_past_(std::exchange(other.n_past_, 0)),
         keys_(std::move(other.keys_)),
-        values_(std::move(other.values_)) {
+        values_(std::move(other.values_)),
+        keys_t_(std::move(other.keys_t_)) {
     other.keys_.resize(0, config_.head_dim());  // Eigen leaves it 0 x 0; views need the width
     other.values_.resize(0, config_.head_dim());
+    other.keys_t_.resize(0, kKeyBlock);
   }
   KVStorage& operator=(KVStorage&& other) noexcept {
     if (&other != this) {
@@ -102,9 +139,11 @@ class KVStorage {
       n_past_ = std::exchange(other.n_past_, 0);
       keys_ = std::move(other.keys_);
       values_ = std::move(other.values_);
+      keys_t_ = std::move(other.keys_t_);
       // Eigen's move assignment swaps: free our old storage, sized for the source's head_dim
       other.keys_.resize(0, other.config_.head_dim());
       other.values_.resize(0, other.config_.head_dim());
+      other.keys_t_.resize(0, kKeyBlock);
     }
     return *this;
   }
@@ -129,9 +168,13 @@ class KVStorage {
     if (other.n_past_ > capacity_)
       throw CapacityError("KV cache: cannot copy " + std::to_string(other.n_past_) +
                           " cached tokens into a cache with capacity " + std::to_string(capacity_));
+    const Index hd = config_.head_dim();
+    const Index used = (other.n_past_ + kKeyBlock - 1) / kKeyBlock * hd * kKeyBlock;
     for (Index h = 0; h < config_.n_head; ++h) {
       block(keys_, h).topRows(other.n_past_) = other.head_keys(h);
       block(values_, h).topRows(other.n_past_) = other.head_values(h);
+      if constexpr (kKeepsKeyBlocks)
+        std::copy_n(other.transposed_key_blocks(h), used, key_blocks_of(h));
     }
     n_past_ = other.n_past_;
   }
@@ -150,6 +193,7 @@ class KVStorage {
       for (Index i = 0; i < n; ++i) {
         put(k.row(i).data() + h * hd, hd, row_of(keys_, h, n_past_ + i));
         put(v.row(i).data() + h * hd, hd, row_of(values_, h, n_past_ + i));
+        transpose_key(h, n_past_ + i);
       }
     n_past_ += n;
   }
@@ -169,6 +213,7 @@ class KVStorage {
       for (Index i = 0; i < n; ++i) {
         put(k.row(h * n + i).data(), hd, row_of(keys_, h, n_past_ + i));
         put(v.row(h * n + i).data(), hd, row_of(values_, h, n_past_ + i));
+        transpose_key(h, n_past_ + i);
       }
     n_past_ += n;
   }
@@ -190,12 +235,26 @@ class KVStorage {
   E* row_of(Storage& storage, Index h, Index p) {
     return storage.data() + (h * capacity_ + p) * config_.head_dim();
   }
+  Index key_blocks() const { return (capacity_ + kKeyBlock - 1) / kKeyBlock; }
+  E* key_blocks_of(Index h) { return keys_t_.data() + h * key_blocks() * config_.head_dim() * kKeyBlock; }
+  // Head h's stored key at position p copied into its transposed block (column p % kKeyBlock).
+  void transpose_key(Index h, Index p) {
+    if constexpr (kKeepsKeyBlocks) {
+      const Index hd = config_.head_dim();
+      const E* key = row_of(keys_, h, p);
+      E* col = key_blocks_of(h) + (p / kKeyBlock) * hd * kKeyBlock + p % kKeyBlock;
+      for (Index d = 0; d < hd; ++d) col[d * kKeyBlock] = key[d];
+    } else {
+      (void)h, (void)p;
+    }
+  }
 
   AttentionConfig config_;
   Index capacity_ = 0;
   Index n_past_ = 0;
   Storage keys_;    // [n_head * capacity, head_dim]
   Storage values_;  // [n_head * capacity, head_dim]
+  Storage keys_t_;  // [n_head * key_blocks * head_dim, kKeyBlock] (empty for double)
 };
 
 }  // namespace detail

@@ -68,6 +68,13 @@ struct AttentionTile {
   // kernels that take them (FloatKernels::row_partials_kv_bf16); strides then in bf16 elements.
   const std::uint16_t* const* key_pages_bf16 = nullptr;
   const std::uint16_t* const* value_pages_bf16 = nullptr;
+  // Optional: the same keys transposed in key blocks (a KV cache's transposed_key_blocks): block
+  // b's element (d, j) is key 64 b + j, component d, at keys_t[(b * head_dim + d) * kKeyBlock + j]
+  // (lanes past the keys a row sees may hold anything). The vector levels' one-row steps read
+  // them instead of transposing key rows; the bits are the same. keys_t goes with key_pages,
+  // keys_t_bf16 with key_pages_bf16.
+  const T* keys_t = nullptr;
+  const std::uint16_t* keys_t_bf16 = nullptr;
 };
 
 // head_dim rounded up to a multiple of 16 (the width of one row of qs and o in the scratch).
@@ -149,8 +156,34 @@ inline void prefetch_rows(const E* const* rows, Index n, Index head_dim) {
 #endif
 }
 
-// A decode step's key and value rows j0 .. j0 + n - 1 (n <= kDecodeBlocks blocks), of those before
-// key_end that its one row sees (to t.first_pos), fetched into cache ahead of their use.
+// The bytes [p, p + bytes) fetched into cache (as prefetch_rows).
+inline void prefetch_span(const void* p, std::uintptr_t bytes) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
+  for (std::uintptr_t line = a & ~std::uintptr_t(63); line < a + bytes; line += 64)
+    asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(line)));
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+// The transposed key blocks t carries for keys of element type E (t.keys_t for float32 keys,
+// t.keys_t_bf16 for bf16 bits), or null.
+template <class E>
+inline const E* transposed_keys_of(const AttentionTile<float>& t);
+template <>
+inline const float* transposed_keys_of<float>(const AttentionTile<float>& t) {
+  return t.keys_t;
+}
+template <>
+inline const std::uint16_t* transposed_keys_of<std::uint16_t>(const AttentionTile<float>& t) {
+  return t.keys_t_bf16;
+}
+
+// A decode step's keys and value rows j0 .. j0 + n - 1 (n <= kDecodeBlocks blocks), of those
+// before key_end that its one row sees (to t.first_pos), fetched into cache ahead of their use:
+// the keys from their transposed blocks when t has them (the blocks' whole width), else from
+// their rows.
 template <class E>
 inline void prefetch_keys_and_values(const AttentionTile<float>& t, const E* const* key_pages,
                                      const E* const* value_pages, Index j0, Index n,
@@ -158,8 +191,14 @@ inline void prefetch_keys_and_values(const AttentionTile<float>& t, const E* con
   n = std::min({n, kDecodeBlocks * kKeyBlock, t.first_pos + 1 - j0, key_end - j0});
   if (n <= 0) return;
   const E* rows[kDecodeBlocks * kKeyBlock];
-  page_rows_of<E>(key_pages, t.page_rows, t.key_stride, j0, n, rows);
-  prefetch_rows(rows, n, t.head_dim);
+  if (const E* kt = transposed_keys_of<E>(t)) {
+    const Index first = j0 / kKeyBlock, blocks = (j0 + n - 1) / kKeyBlock - first + 1;
+    prefetch_span(kt + first * t.head_dim * kKeyBlock,
+                  static_cast<std::uintptr_t>(blocks * t.head_dim * kKeyBlock) * sizeof(E));
+  } else {
+    page_rows_of<E>(key_pages, t.page_rows, t.key_stride, j0, n, rows);
+    prefetch_rows(rows, n, t.head_dim);
+  }
   page_rows_of<E>(value_pages, t.page_rows, t.value_stride, j0, n, rows);
   prefetch_rows(rows, n, t.head_dim);
 }

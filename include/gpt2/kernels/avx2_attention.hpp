@@ -303,30 +303,69 @@ GPT2_KERNEL_AVX2 inline void row_scores(const E* const* rows, Index n, Index hea
   }
 }
 
-// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end), keys
-// and values in the given pages (float32, or bf16 bits: the same arithmetic on the widened values).
+// row_scores' scores from the block's transposed keys (kt [head_dim][kKeyBlock]; AttentionTile::
+// keys_t): the same chains (over d from +0, a lane per key), the block's 8 chains interleaved and
+// its keys streamed as they lie. Lanes of keys the row does not see hold whatever the block holds
+// there (block_stats masks them).
+GPT2_KERNEL_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+GPT2_KERNEL_AVX2 inline __m256 load8(const std::uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+template <class E>
+GPT2_KERNEL_AVX2 inline void row_scores_t(const E* kt, Index head_dim, const float* qs, float* p) {
+  constexpr int G = kKeyBlock / 8;
+  __m256 acc[G];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+  for (Index d = 0; d < head_dim; ++d) {
+    const __m256 qd = _mm256_broadcast_ss(qs + d);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g)
+      acc[g] = _mm256_fmadd_ps(qd, load8(kt + d * kKeyBlock + 8 * g), acc[g]);
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) _mm256_store_ps(p + 8 * g, acc[g]);
+}
+
+// The partial of the tile's one row (its qs in ts) over key block b, into part (partial_stride
+// scalars): keys and values in the given pages (float32, or bf16 bits: the same arithmetic on the
+// widened values), the keys from their transposed blocks when t has them. The next block's rows
+// before key_end are fetched into cache meanwhile. Uses ts.qs, ts.p and ts.vb only.
+template <class E>
+GPT2_KERNEL_AVX2 inline void block_partial(const AttentionTile<float>& t, const E* const* key_pages,
+                                           const E* const* value_pages, Index b, Index key_end,
+                                           TileScratch<float>& ts, float* part) {
+  const Index hd = t.head_dim;
+  const E* krow[kKeyBlock];
+  const E* vrow[kKeyBlock];
+  const Index b0 = b * kKeyBlock, n = visible_in_block(t.first_pos, b0);
+  page_rows_of<E>(value_pages, t.page_rows, t.value_stride, b0, n, vrow);
+  prefetch_keys_and_values(t, key_pages, value_pages, b0 + kKeyBlock, kKeyBlock, key_end);
+  if (const E* kt = transposed_keys_of<E>(t)) {
+    row_scores_t(kt + b * hd * kKeyBlock, hd, ts.qs, ts.p);
+  } else {
+    page_rows_of<E>(key_pages, t.page_rows, t.key_stride, b0, n, krow);
+    row_scores(krow, n, hd, ts.qs, ts.p);
+  }
+  pack_values(vrow, n, hd, ts.vb);
+  block_stats(n, ts.p, part);
+  value_rows_all<1>(0, b0, t, ts, part + kPartialHeader);
+}
+
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end)
+// (block_partial's, partial_stride(head_dim) apart).
 template <class E>
 GPT2_KERNEL_AVX2 inline void row_partials_of(const AttentionTile<float>& t,
                                              const E* const* key_pages,
                                              const E* const* value_pages, Index block_begin,
                                              Index block_end, float* parts) {
-  const Index hd = t.head_dim, stride = partial_stride(hd);
-  TileScratch<float> ts(t.scratch, hd);
+  const Index stride = partial_stride(t.head_dim);
+  TileScratch<float> ts(t.scratch, t.head_dim);
   init_row(t, ts);
-  const E* krow[kKeyBlock];
-  const E* vrow[kKeyBlock];
-  for (Index b = block_begin; b < block_end; ++b) {
-    const Index b0 = b * kKeyBlock, n = visible_in_block(t.first_pos, b0);
-    page_rows_of<E>(key_pages, t.page_rows, t.key_stride, b0, n, krow);
-    page_rows_of<E>(value_pages, t.page_rows, t.value_stride, b0, n, vrow);
-    prefetch_keys_and_values(t, key_pages, value_pages, b0 + kKeyBlock, kKeyBlock,  // the next
-                             block_end * kKeyBlock);
-    row_scores(krow, n, hd, ts.qs, ts.p);
-    pack_values(vrow, n, hd, ts.vb);
-    float* part = parts + (b - block_begin) * stride;
-    block_stats(n, ts.p, part);
-    value_rows_all<1>(0, b0, t, ts, part + kPartialHeader);
-  }
+  for (Index b = block_begin; b < block_end; ++b)
+    block_partial(t, key_pages, value_pages, b, block_end * kKeyBlock, ts,
+                  parts + (b - block_begin) * stride);
 }
 
 // The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
@@ -385,6 +424,18 @@ GPT2_KERNEL_AVX2 inline void attention_tile(const AttentionTile<float>& t) {
     ts.m[r] = -std::numeric_limits<float>::infinity();
     ts.z[r] = 0.0f;
     ts.l[r] = 0.0f;
+  }
+  if (nb == 1 && t.keys_t != nullptr) {  // a decode step over a cache's transposed key blocks:
+    // each block a partial (row_partials'), merged in order: the tile's bits
+    float* part = ts.kt;  // (the one-row path packs no k^T)
+    for (Index b = 0; b <= t.first_pos / kKeyBlock; ++b) {
+      block_partial(t, t.key_pages, t.value_pages, b, t.first_pos + 1, ts, part);
+      fold_partial(part, hd, ts);
+    }
+    const __m256 l = _mm256_set1_ps(ts.l[0]);
+    for (Index d0 = 0; d0 < hd; d0 += 8)
+      _mm256_maskstore_ps(t.out + d0, lanes(hd - d0), _mm256_div_ps(_mm256_load_ps(ts.o + d0), l));
+    return;
   }
   const Index last = t.first_pos + nb - 1;
   const float* krow[kKeyBlock];

@@ -364,6 +364,37 @@ GPT2_KERNEL_AVX512 inline void row_scores(const E* const* rows, Index n, Index h
   for (int g = 0; g < G; ++g) _mm512_store_ps(p + 16 * g, acc[g]);
 }
 
+// p[i kKeyBlock .. (i + 1) kKeyBlock) = row_scores' scores against NB consecutive key blocks, read
+// from their transposed blocks (kt: the first block's [head_dim][kKeyBlock], the next ones after
+// it; AttentionTile::keys_t): the same chains (over d = 0, 1, .. from +0, a lane per key), the
+// blocks' 4 NB chains interleaved, with the keys streamed as they lie instead of transposed.
+// Lanes of keys the row does not see hold whatever the blocks hold there (block_stats masks them).
+template <int NB, class E>
+GPT2_KERNEL_AVX512 inline void row_scores_t(const E* kt, Index head_dim, const float* qs,
+                                            float* p) {
+  constexpr int G = kKeyBlock / 16;
+  __m512 acc[NB][G];
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) acc[i][g] = _mm512_setzero_ps();
+  const Index block = head_dim * kKeyBlock;
+  for (Index d = 0; d < head_dim; ++d) {
+    const __m512 qd = _mm512_set1_ps(qs[d]);
+#pragma GCC unroll 4
+    for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+        acc[i][g] = _mm512_fmadd_ps(
+            qd, load16(kt + i * block + d * kKeyBlock + 16 * g, static_cast<__mmask16>(0xFFFF)),
+            acc[i][g]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NB; ++i)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) _mm512_store_ps(p + i * kKeyBlock + 16 * g, acc[i][g]);
+}
+
 // The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
 // (partial_stride apart). Keys and values from key_pages, value_pages (t's page_rows and strides):
 // float32, or bf16 bits (E = std::uint16_t: the same arithmetic on the widened values). The next
@@ -380,11 +411,15 @@ GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, Index key_end,
   Index n[kDecodeBlocks] = {};
   const E* krow[kKeyBlock];
   const E* vrow[kDecodeBlocks][kKeyBlock];
+  const E* kt = transposed_keys_of<E>(t);
+  if (kt != nullptr) row_scores_t<NB>(kt + (b0 / kKeyBlock) * hd * kKeyBlock, hd, ts.qs, ts.p);
   for (int i = 0; i < NB; ++i) {
     const Index bi = b0 + i * kKeyBlock;
     n[i] = visible_in_block(t.first_pos, bi);
-    page_rows_of<E>(key_pages, t.page_rows, t.key_stride, bi, n[i], krow);
-    row_scores(krow, n[i], hd, ts.qs, ts.p + i * kKeyBlock);
+    if (kt == nullptr) {
+      page_rows_of<E>(key_pages, t.page_rows, t.key_stride, bi, n[i], krow);
+      row_scores(krow, n[i], hd, ts.qs, ts.p + i * kKeyBlock);
+    }
     page_rows_of<E>(value_pages, t.page_rows, t.value_stride, bi, n[i], vrow[i]);
   }
   const Index stride = partial_stride(hd);
