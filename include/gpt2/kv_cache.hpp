@@ -12,7 +12,9 @@
 // (transposed_key_blocks(h)): a decode step's scores run over the keys with the positions in the
 // vector lanes (kernels/attention_tile.hpp), and from the rows the kernels would transpose every
 // block in registers, reading each row 16 times in 64-byte pieces; from the blocks they stream
-// them. The keys' bytes are kept twice: bytes() is 1.5x the keys and values alone.
+// them. The keys are kept twice: bytes() adds n_head * ceil(capacity / 64) * 64 * head_dim elements
+// to the keys and values (1.5x them for a capacity well above 64; more for small ones: 65
+// positions take two blocks).
 #pragma once
 
 #include <algorithm>
@@ -96,7 +98,8 @@ class KVStorage {
   }
 
  protected:
-  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements.
+  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements, and the transposed
+  // key blocks (n_head * ceil(max_tokens / 64) * 64 * head_dim; none for double).
   KVStorage(const AttentionConfig& config, Index max_tokens) : config_(config) {
     config_.validate();
     if (max_tokens < 0)
@@ -269,7 +272,8 @@ class KVCache : public detail::KVStorage<T> {
   using Base = detail::KVStorage<T>;
 
  public:
-  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim scalars.
+  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim scalars (and in float the
+  // transposed key blocks, n_head * ceil(max_tokens / 64) * 64 * head_dim more).
   KVCache(const AttentionConfig& config, Index max_tokens) : Base(config, max_tokens) {}
 
   KVCache(KVCache&&) noexcept = default;             // leaves the source empty

@@ -10,7 +10,7 @@
 // through a KVCacheBF16 differs from the cache-free forward by that rounding (docs/bf16.md).
 //
 // Layout as KVCache's: per head, contiguous, keys [n_head][capacity][head_dim] (bf16 bits),
-// values likewise.
+// values likewise, and the keys again transposed in 64-position blocks (bf16 bits).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +37,8 @@ class KVCacheBF16 : public detail::KVStorage<std::uint16_t> {
   using BitsMatrix = Base::Storage;
   using ConstBitsRef = ConstMatrixRef<Bits>;
 
-  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim bf16 values.
+  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim bf16 values, and the
+  // transposed key blocks (n_head * ceil(max_tokens / 64) * 64 * head_dim more).
   KVCacheBF16(const AttentionConfig& config, Index max_tokens) : Base(config, max_tokens) {}
 
   KVCacheBF16(KVCacheBF16&&) noexcept = default;             // leaves the source empty

@@ -470,7 +470,8 @@ void shard_partial(const TensorParallelAttention<T>& tp, const ConstMatrixRef<T>
     const KVCache<T>& cached = *cache;
     attend_heads<T>(
         shard, qkv_read, [&](Index h) { return cached.keys(h); },
-        [&](Index h) { return cached.values(h); }, ws, merged, probs, n_threads);
+        [&](Index h) { return cached.values(h); }, ws, merged, probs, n_threads,
+        [&](Index h) { return cached.transposed_key_blocks(h); });
   } else {
     attend_heads<T>(
         shard, qkv_read, [&](Index h) { return k_view(qkv_read, shard, h); },

@@ -5,6 +5,11 @@
 // to 3 rows are computed 32 keys at a time (12 accumulators) and stored; each row's block softmax
 // then runs on its stored scores; the block's values are copied once into aligned rows; p v runs
 // for up to 3 rows and 32 columns of head_dim at a time.
+//
+// One row (a decode step) over a KV cache's transposed key blocks (AttentionTile::keys_t), or split
+// over threads, or over a bf16 cache: each block a partial (block_partial: its scores streamed from
+// the transposed block, or from 8 x 8 transposes of the key rows), merged in block order; the
+// same bits as the tile.
 #pragma once
 
 #include <algorithm>
