@@ -423,7 +423,8 @@ void expect_blocks_mirror_keys(const Cache& cache) {
   for (Index h = 0; h < cache.config().n_head; ++h) {
     const auto* kt = cache.transposed_key_blocks(h);
     ASSERT_NE(kt, nullptr);
-    const auto keys = cache.key_storage().middleRows(h * cache.capacity(), cache.n_past());
+    const auto storage = cache.key_storage();  // a view (Ref): kept alive for the block below
+    const auto keys = storage.middleRows(h * cache.capacity(), cache.n_past());
     for (Index j = 0; j < cache.n_past(); ++j)
       for (Index d = 0; d < hd; ++d)
         ASSERT_EQ(kt[((j / B) * hd + d) * B + j % B], keys(j, d))
