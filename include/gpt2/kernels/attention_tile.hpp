@@ -135,28 +135,10 @@ inline void page_rows_of(const T* const* pages, Index page_rows, Index row_strid
   }
 }
 
-// Every cache line of the head_dim elements (float32 or bf16 bits, E) of rows[0 .. n) fetched
-// into cache ahead of their use. A decode step reads each cached row once, in the order of its
-// 16 x 16 transposes (64 bytes of each of 16 rows at a time, not row after row), which the
-// hardware's prefetchers follow poorly: without this the step waited on memory (AMD Zen 5, a bf16
-// cache: 7 GB/s of the 31 one core reads; docs/speed.md). The prefetch is a volatile asm, which no
-// compiler may drop: GCC 12 compiled one wrapper form of a _mm_prefetch loop to no instruction at
-// all (objdump). Nothing off x86 or without GCC or clang (no vector level runs there).
-template <class E>
-inline void prefetch_rows(const E* const* rows, Index n, Index head_dim) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  const std::uintptr_t bytes = static_cast<std::uintptr_t>(head_dim) * sizeof(E);
-  for (Index i = 0; i < n; ++i) {
-    const std::uintptr_t row = reinterpret_cast<std::uintptr_t>(rows[i]);
-    for (std::uintptr_t line = row & ~std::uintptr_t(63); line < row + bytes; line += 64)
-      asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(line)));
-  }
-#else
-  (void)rows, (void)n, (void)head_dim;
-#endif
-}
-
-// The bytes [p, p + bytes) fetched into cache (as prefetch_rows).
+// Every cache line of the bytes [p, p + bytes) fetched into cache ahead of their use. The prefetch
+// is a volatile asm, which no compiler may drop: GCC 12 compiled one wrapper form of a _mm_prefetch
+// loop to no instruction at all (objdump). Nothing off x86 or without GCC or clang (no vector level
+// runs there).
 inline void prefetch_span(const void* p, std::uintptr_t bytes) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p);
@@ -165,6 +147,17 @@ inline void prefetch_span(const void* p, std::uintptr_t bytes) {
 #else
   (void)p, (void)bytes;
 #endif
+}
+
+// The head_dim elements (float32 or bf16 bits, E) of rows[0 .. n) fetched into cache ahead of their
+// use. A decode step over key rows reads each once, in the order of its 16 x 16 transposes (64
+// bytes of each of 16 rows at a time, not row after row), which the hardware's prefetchers follow
+// poorly: without this the step waited on memory (AMD Zen 5, a bf16 cache: 7 GB/s of the 31 one
+// core reads; docs/speed.md).
+template <class E>
+inline void prefetch_rows(const E* const* rows, Index n, Index head_dim) {
+  const std::uintptr_t bytes = static_cast<std::uintptr_t>(head_dim) * sizeof(E);
+  for (Index i = 0; i < n; ++i) prefetch_span(rows[i], bytes);
 }
 
 // The transposed key blocks t carries for keys of element type E (t.keys_t for float32 keys,

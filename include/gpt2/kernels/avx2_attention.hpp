@@ -312,14 +312,10 @@ GPT2_KERNEL_AVX2 inline void row_scores(const E* const* rows, Index n, Index hea
 // keys_t): the same chains (over d from +0, a lane per key), the block's 8 chains interleaved and
 // its keys streamed as they lie. Lanes of keys the row does not see hold whatever the block holds
 // there (block_stats masks them).
-GPT2_KERNEL_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-GPT2_KERNEL_AVX2 inline __m256 load8(const std::uint16_t* p) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
 template <class E>
 GPT2_KERNEL_AVX2 inline void row_scores_t(const E* kt, Index head_dim, const float* qs, float* p) {
   constexpr int G = kKeyBlock / 8;
+  const __m256i all = lanes(8);
   __m256 acc[G];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
@@ -327,7 +323,7 @@ GPT2_KERNEL_AVX2 inline void row_scores_t(const E* kt, Index head_dim, const flo
     const __m256 qd = _mm256_broadcast_ss(qs + d);
 #pragma GCC unroll 8
     for (int g = 0; g < G; ++g)
-      acc[g] = _mm256_fmadd_ps(qd, load8(kt + d * kKeyBlock + 8 * g), acc[g]);
+      acc[g] = _mm256_fmadd_ps(qd, load8(kt + d * kKeyBlock + 8 * g, all, 8), acc[g]);
   }
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) _mm256_store_ps(p + 8 * g, acc[g]);
@@ -399,6 +395,13 @@ GPT2_KERNEL_AVX2 inline void fold_partial(const float* part, Index head_dim,
 }
 
 // The tile's one row from its n_blocks partials (merged in block order): t.out.
+// The tile's one row out: t.out = o / l (row 0's running state).
+GPT2_KERNEL_AVX2 inline void write_row(const AttentionTile<float>& t, TileScratch<float>& ts) {
+  const __m256 l = _mm256_set1_ps(ts.l[0]);
+  for (Index d0 = 0; d0 < t.head_dim; d0 += 8)
+    _mm256_maskstore_ps(t.out + d0, lanes(t.head_dim - d0),
+                        _mm256_div_ps(_mm256_load_ps(ts.o + d0), l));
+}
 GPT2_KERNEL_AVX2 inline void merge_row_partials(const AttentionTile<float>& t, Index n_blocks,
                                                 const float* parts) {
   TileScratch<float> ts(t.scratch, t.head_dim);
@@ -407,10 +410,7 @@ GPT2_KERNEL_AVX2 inline void merge_row_partials(const AttentionTile<float>& t, I
   ts.z[0] = 0.0f;
   ts.l[0] = 0.0f;
   for (Index b = 0; b < n_blocks; ++b) fold_partial(parts + b * partial_stride(t.head_dim), t.head_dim, ts);
-  const __m256 l = _mm256_set1_ps(ts.l[0]);
-  for (Index d0 = 0; d0 < t.head_dim; d0 += 8)
-    _mm256_maskstore_ps(t.out + d0, lanes(t.head_dim - d0),
-                        _mm256_div_ps(_mm256_load_ps(ts.o + d0), l));
+  write_row(t, ts);
 }
 
 // The tile (attention_tile.hpp's interface and arithmetic).
@@ -437,9 +437,7 @@ GPT2_KERNEL_AVX2 inline void attention_tile(const AttentionTile<float>& t) {
       block_partial(t, t.key_pages, t.value_pages, b, t.first_pos + 1, ts, part);
       fold_partial(part, hd, ts);
     }
-    const __m256 l = _mm256_set1_ps(ts.l[0]);
-    for (Index d0 = 0; d0 < hd; d0 += 8)
-      _mm256_maskstore_ps(t.out + d0, lanes(hd - d0), _mm256_div_ps(_mm256_load_ps(ts.o + d0), l));
+    write_row(t, ts);
     return;
   }
   const Index last = t.first_pos + nb - 1;

@@ -492,6 +492,14 @@ GPT2_KERNEL_AVX512 inline void row_partials_kv_bf16(const AttentionTile<float>& 
   row_partials_of(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
 }
 
+// The tile's one row out: t.out = o / l (row 0's running state).
+GPT2_KERNEL_AVX512 inline void write_row(const AttentionTile<float>& t, TileScratch<float>& ts) {
+  const __m512 l = _mm512_set1_ps(ts.l[0]);
+  for (Index d0 = 0; d0 < t.head_dim; d0 += 16)
+    _mm512_mask_storeu_ps(t.out + d0, lanes(d0, t.head_dim),
+                          _mm512_div_ps(_mm512_load_ps(ts.o + d0), l));
+}
+
 // The tile's one row from its n_blocks partials (blocks 0 .., merged in order): t.out.
 GPT2_KERNEL_AVX512 inline void merge_row_partials(const AttentionTile<float>& t, Index n_blocks,
                                                   const float* parts) {
@@ -501,10 +509,7 @@ GPT2_KERNEL_AVX512 inline void merge_row_partials(const AttentionTile<float>& t,
   ts.z[0] = 0.0f;
   ts.l[0] = 0.0f;
   for (Index b = 0; b < n_blocks; ++b) fold_partial(parts + b * partial_stride(t.head_dim), t.head_dim, ts);
-  const __m512 l = _mm512_set1_ps(ts.l[0]);
-  for (Index d0 = 0; d0 < t.head_dim; d0 += 16)
-    _mm512_mask_storeu_ps(t.out + d0, lanes(d0, t.head_dim),
-                          _mm512_div_ps(_mm512_load_ps(ts.o + d0), l));
+  write_row(t, ts);
 }
 
 // ---- the row-vector path: 16 rows in the lanes ----------------------------------------------
@@ -724,9 +729,7 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
       for (Index i = 0; i < std::min(kDecodeBlocks, blocks - b); ++i)
         fold_partial(parts + i * stride, hd, ts);
     }
-    const __m512 l = _mm512_set1_ps(ts.l[0]);
-    for (Index d0 = 0; d0 < hd; d0 += 16)
-      _mm512_mask_storeu_ps(t.out + d0, lanes(d0, hd), _mm512_div_ps(_mm512_load_ps(ts.o + d0), l));
+    write_row(t, ts);
     return;
   }
   const bool row_vectors = nb >= 16 && t.first_pos + nb < (Index(1) << 30);
