@@ -50,7 +50,7 @@ void check_case(const std::string& name) {
   RowMatrix<T> out_rows(R, C), merged_rows(R, C);
   for (Index i = 0; i < R; ++i) {
     out_rows.row(i) = out.row(rows[i]);
-    merged_rows.row(i) = ws.merged.row(rows[i]);
+    merged_rows.row(i) = ws.merged.map().row(rows[i]);
   }
   expect_accurate<T>(f, "out", out_rows, f.matrix("out"));
   expect_accurate<T>(f, "merged", merged_rows, f.matrix("merged"));

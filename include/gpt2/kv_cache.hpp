@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "gpt2/config.hpp"
+#include "gpt2/detail/aligned_matrix.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/types.hpp"
@@ -41,7 +42,7 @@ namespace detail {
 template <class E>
 class KVStorage {
  public:
-  using Storage = RowMatrix<E>;
+  using Storage = AlignedMatrix<E>;  // 64-byte aligned (detail/aligned_matrix.hpp)
   // Whether the keys are also kept in transposed blocks: float32 and bf16 bits (the vector levels'
   // decode kernels read them); not double (the generic level's, which reads rows).
   static constexpr bool kKeepsKeyBlocks = !std::is_same<E, double>::value;
@@ -81,8 +82,8 @@ class KVStorage {
   // head h's position p), read-only views into the cache (valid while it is neither moved from nor
   // destroyed): for overlap checks and inspection. Rows from n_past on are free space (they may
   // hold what a rolled-back forward wrote). Fill the cache with append().
-  ConstMatrixRef<E> key_storage() const { return keys_; }
-  ConstMatrixRef<E> value_storage() const { return values_; }
+  ConstMatrixRef<E> key_storage() const { return keys_.map(); }
+  ConstMatrixRef<E> value_storage() const { return values_.map(); }
 
   // Head h's cached keys transposed in blocks of kKeyBlock positions: block b (positions 64 b ..
   // 64 b + 63) at transposed_key_blocks(h) + b * head_dim * kKeyBlock, [head_dim][kKeyBlock]
@@ -130,11 +131,7 @@ class KVStorage {
         n_past_(std::exchange(other.n_past_, 0)),
         keys_(std::move(other.keys_)),
         values_(std::move(other.values_)),
-        keys_t_(std::move(other.keys_t_)) {
-    other.keys_.resize(0, config_.head_dim());  // Eigen leaves it 0 x 0; views need the width
-    other.values_.resize(0, config_.head_dim());
-    other.keys_t_.resize(0, kKeyBlock);
-  }
+        keys_t_(std::move(other.keys_t_)) {}  // (the storages leave other's 0 x their width)
   KVStorage& operator=(KVStorage&& other) noexcept {
     if (&other != this) {
       config_ = other.config_;
@@ -142,11 +139,7 @@ class KVStorage {
       n_past_ = std::exchange(other.n_past_, 0);
       keys_ = std::move(other.keys_);
       values_ = std::move(other.values_);
-      keys_t_ = std::move(other.keys_t_);
-      // Eigen's move assignment swaps: free our old storage, sized for the source's head_dim
-      other.keys_.resize(0, other.config_.head_dim());
-      other.values_.resize(0, other.config_.head_dim());
-      other.keys_t_.resize(0, kKeyBlock);
+      keys_t_ = std::move(other.keys_t_);  // (our old storage freed; other's left 0 x width)
     }
     return *this;
   }
@@ -229,10 +222,8 @@ class KVStorage {
   }
 
  private:
-  typename Storage::RowsBlockXpr block(Storage& storage, Index h) {
-    return storage.middleRows(h * capacity_, capacity_);
-  }
-  typename Storage::ConstRowsBlockXpr block(const Storage& storage, Index h) const {
+  auto block(Storage& storage, Index h) { return storage.middleRows(h * capacity_, capacity_); }
+  auto block(const Storage& storage, Index h) const {
     return storage.middleRows(h * capacity_, capacity_);
   }
   E* row_of(Storage& storage, Index h, Index p) {

@@ -11,6 +11,7 @@
 
 #include "gpt2/causal_attention.hpp"
 #include "gpt2/config.hpp"
+#include "gpt2/detail/aligned_matrix.hpp"
 #include "gpt2/gemm.hpp"
 #include "gpt2/threads.hpp"
 #include "gpt2/types.hpp"
@@ -135,7 +136,7 @@ class Workspace {
     max_tokens = std::max(max_tokens, capacity_);
     max_keys = std::max(max_keys, key_capacity_);
     const Index C = config_.n_embd;
-    RowMatrix<T> grown_qkv(max_tokens, 3 * C), grown_merged(max_tokens, C);
+    detail::AlignedMatrix<T> grown_qkv(max_tokens, 3 * C), grown_merged(max_tokens, C);
     // a decode step split over threads: every head's per-block partials of its one row
     const Index want_partials = config_.n_head *
                                 ((max_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock) *
@@ -177,8 +178,10 @@ class Workspace {
   T* partials() { return partials_.get(); }
   Index partials_size() const { return partials_size_; }
 
-  RowMatrix<T> qkv;     // [capacity, 3C]
-  RowMatrix<T> merged;  // [capacity, C]
+  // 64-byte aligned (detail/aligned_matrix.hpp: rows of 3C or C floats start on a cache line when
+  // C is a multiple of 16); views as a RowMatrix's: qkv.topRows(T), qkv.data(), qkv.rows()
+  detail::AlignedMatrix<T> qkv;     // [capacity, 3C]
+  detail::AlignedMatrix<T> merged;  // [capacity, C]
   std::vector<ThreadScratch<T>> threads;  // [thread_capacity]: thread t of a forward uses threads[t]
 
  private:

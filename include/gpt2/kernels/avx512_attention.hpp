@@ -67,6 +67,21 @@ GPT2_KERNEL_AVX512 inline __m512 load16(const std::uint16_t* p, __mmask16 m) {
   const __m256i bits = _mm256_maskz_loadu_epi16(m, p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
+// The same for all 16 lanes, with a plain load: where a stream is read from memory, masked loads
+// ran it at a third of the rate (AMD Zen 5, a decode step's values from DRAM: docs/speed.md).
+GPT2_KERNEL_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+GPT2_KERNEL_AVX512 inline __m512 load16(const std::uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+// load16(p, m), or load16(p) when Full (m is all lanes).
+template <bool Full, class E>
+GPT2_KERNEL_AVX512 inline __m512 load16(const E* p, __mmask16 m) {
+  if constexpr (Full)
+    return load16(p);
+  else
+    return load16(p, m);
+}
 
 // r[i] = k^T row d0 + i over keys j0 .. j0 + 15: their elements d0 .. d0 + 15 (0 past head_dim,
 // and for keys from n on), loaded and transposed in registers.
@@ -74,9 +89,15 @@ template <class E>
 GPT2_KERNEL_AVX512 inline void load_keys_t16(const E* const* rows, Index n, Index j0, Index d0,
                                              Index head_dim, __m512 (&r)[16]) {
   const __mmask16 dm = lanes(d0, head_dim);
+  if (d0 + 16 <= head_dim) {
 #pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i)
-    r[i] = j0 + i < n ? load16(rows[j0 + i] + d0, dm) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i)
+      r[i] = j0 + i < n ? load16(rows[j0 + i] + d0) : _mm512_setzero_ps();
+  } else {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+      r[i] = j0 + i < n ? load16(rows[j0 + i] + d0, dm) : _mm512_setzero_ps();
+  }
   transpose16(r);
 }
 
@@ -100,9 +121,12 @@ GPT2_KERNEL_AVX512 inline void pack_keys_t(const E* const* rows, Index n, Index 
 GPT2_KERNEL_AVX512 inline void pack_values(const float* const* rows, Index n, Index head_dim,
                                            float* vb) {
   const Index hdp = padded_head_dim(head_dim);
-  for (Index j = 0; j < n; ++j)
-    for (Index d0 = 0; d0 < hdp; d0 += 16)
-      _mm512_store_ps(vb + j * hdp + d0, _mm512_maskz_loadu_ps(lanes(d0, head_dim), rows[j] + d0));
+  const Index full = head_dim / 16 * 16;  // lanes [0, full) read with plain loads
+  for (Index j = 0; j < n; ++j) {
+    for (Index d0 = 0; d0 < full; d0 += 16) _mm512_store_ps(vb + j * hdp + d0, load16(rows[j] + d0));
+    if (full < hdp)
+      _mm512_store_ps(vb + j * hdp + full, load16(rows[j] + full, lanes(full, head_dim)));
+  }
 }
 
 // The sum of 16 lanes by halves: s_t + s_{t+8}, then + 4, + 2, + 1.
@@ -218,7 +242,7 @@ GPT2_KERNEL_AVX512 inline void score_rows(Index r, Index b0, const AttentionTile
 
 // o[r + i][d0 .. d0 + 16 V) = fma(o_b, c, o * a) with o_b = sum_j p_j v_j over the keys row r + i
 // sees, for R rows (their key counts n[i] do not decrease with i).
-template <int R, int V>
+template <int R, int V, bool Full>
 GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kValueRows],
                                           const float* const* vrow, const AttentionTile<float>& t,
                                           TileScratch<float>& ts, Index prs, Index pks) {
@@ -236,7 +260,7 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
   for (; j < n[0]; ++j) {  // keys every row of the group sees
     __m512 vv[V];
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) vv[v] = _mm512_maskz_loadu_ps(dm[v], vrow[j] + d0 + 16 * v);
+    for (int v = 0; v < V; ++v) vv[v] = load16<Full>(vrow[j] + d0 + 16 * v, dm[v]);
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const __m512 pj = _mm512_set1_ps(p[i * prs + j * pks]);
@@ -250,7 +274,7 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
       const __m512 pj = _mm512_set1_ps(p[i * prs + jj * pks]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(dm[v], vrow[jj] + d0 + 16 * v),
+        acc[i][v] = _mm512_fmadd_ps(pj, load16<Full>(vrow[jj] + d0 + 16 * v, dm[v]),
                                     acc[i][v]);
     }
   }
@@ -274,62 +298,61 @@ GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const float* co
   Index n[kValueRows] = {};
   for (int i = 0; i < R; ++i) n[i] = visible_in_block(t.first_pos + r + i, b0);
   Index d0 = 0;
-  for (; d0 + 64 <= t.head_dim; d0 += 64) value_rows<R, 4>(r, d0, n, vrow, t, ts, prs, pks);
+  for (; d0 + 64 <= t.head_dim; d0 += 64) value_rows<R, 4, true>(r, d0, n, vrow, t, ts, prs, pks);
   const Index rest = t.head_dim - d0;
   if (rest > 48)
-    value_rows<R, 4>(r, d0, n, vrow, t, ts, prs, pks);
+    value_rows<R, 4, false>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 32)
-    value_rows<R, 3>(r, d0, n, vrow, t, ts, prs, pks);
+    value_rows<R, 3, false>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 16)
-    value_rows<R, 2>(r, d0, n, vrow, t, ts, prs, pks);
+    value_rows<R, 2, false>(r, d0, n, vrow, t, ts, prs, pks);
   else if (rest > 0)
-    value_rows<R, 1>(r, d0, n, vrow, t, ts, prs, pks);
+    value_rows<R, 1, false>(r, d0, n, vrow, t, ts, prs, pks);
 }
 
-// ---- one query row (a decode step): NB key blocks at once ---------------------------------
-// A row's chains (its scores over d, its p v over the keys) are 64 fused multiply-adds deep per
-// block: one chain at a time, their latency bounds the step. The scores interleave a block's four
-// 16-key chains (row_scores); p v interleaves NB blocks' chains. The block softmaxes and the merges
-// still follow the blocks in order, so the bits are the per-block path's.
+// ---- one query row (a decode step): one key block at a time -------------------------------
+// A decode step reads every cached key and value once, at the rate memory delivers them. With the
+// keys in transposed blocks (a KV cache's) a head is two plain streams, each block's k^T rows and
+// then its value rows, read with unmasked loads and each fetched kStreamAhead bytes ahead of the
+// read: the hardware's prefetchers stop at 4 KB pages and, on AMD Zen 5, do not follow masked
+// loads (docs/speed.md measures both). Keys read from rows (the paged pool) are fetched a block
+// ahead instead, in one burst (prefetch_keys_and_values). One block's chains are 64 fused
+// multiply-adds deep, four of them at a time: short beside the block's 32 KB from memory.
 
-// o[d0 .. d0 + 16 V) merged with the p v of NB blocks (values vrow[i][j], keys n[i]; only the last
-// block may be partial; values float32 or bf16 bits, E).
-template <int NB, int V, class E>
-GPT2_KERNEL_AVX512 inline void decode_values(Index d0, const Index (&n)[kDecodeBlocks],
-                                             const E* const (&vrow)[kDecodeBlocks][kKeyBlock],
+// Bytes ahead of its read position that a decode step prefetches each stream.
+inline constexpr std::uintptr_t kStreamAhead = 4096;
+
+// The `bytes` at p + kStreamAhead fetched into cache (past the end of a head's stream: the next
+// head's, or bytes no one reads; a prefetch never faults).
+template <class E>
+inline void prefetch_stream(const E* p, std::uintptr_t bytes) {
+  prefetch_span(reinterpret_cast<const char*>(p) + kStreamAhead, bytes);
+}
+
+// o_b[d0 .. d0 + 16 V) of one block's partial = sum_j p_j v_j over its n keys (values vrow[j],
+// float32 or bf16 bits, E), into part; each value row fetched kStreamAhead bytes ahead when
+// `ahead`. Full: all 16 V lanes are within head_dim (plain loads).
+template <int V, bool Full, class E>
+GPT2_KERNEL_AVX512 inline void decode_values(Index d0, Index n, const E* const* vrow, bool ahead,
                                              const AttentionTile<float>& t,
-                                             TileScratch<float>& ts, float* parts) {
+                                             const TileScratch<float>& ts, float* part) {
   __mmask16 dm[V];
-  __m512 acc[NB][V];
+  __m512 acc[V];
 #pragma GCC unroll 4
-  for (int v = 0; v < V; ++v) dm[v] = lanes(d0 + 16 * v, t.head_dim);
-#pragma GCC unroll 4
-  for (int i = 0; i < NB; ++i)
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
-  Index j = 0;
-  for (; j < n[NB - 1]; ++j)
-#pragma GCC unroll 4
-    for (int i = 0; i < NB; ++i) {
-      const __m512 pj = _mm512_set1_ps(ts.p[i * kKeyBlock + j]);
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm512_fmadd_ps(pj, load16(vrow[i][j] + d0 + 16 * v, dm[v]), acc[i][v]);
-    }
-  for (; j < kKeyBlock; ++j)  // the full blocks' last keys (the last block is partial)
-#pragma GCC unroll 4
-    for (int i = 0; i + 1 < NB; ++i) {
-      const __m512 pj = _mm512_set1_ps(ts.p[i * kKeyBlock + j]);
-#pragma GCC unroll 4
-      for (int v = 0; v < V; ++v)
-        acc[i][v] = _mm512_fmadd_ps(pj, load16(vrow[i][j] + d0 + 16 * v, dm[v]), acc[i][v]);
-    }
-  const Index stride = partial_stride(t.head_dim);
-#pragma GCC unroll 4
-  for (int i = 0; i < NB; ++i)
+  for (int v = 0; v < V; ++v) {
+    dm[v] = lanes(d0 + 16 * v, t.head_dim);
+    acc[v] = _mm512_setzero_ps();
+  }
+  const std::uintptr_t row_bytes = static_cast<std::uintptr_t>(t.head_dim) * sizeof(E);
+  for (Index j = 0; j < n; ++j) {
+    if (ahead) prefetch_stream(vrow[j], row_bytes);
+    const __m512 pj = _mm512_set1_ps(ts.p[j]);
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v)
-      _mm512_store_ps(parts + i * stride + kPartialHeader + d0 + 16 * v, acc[i][v]);
+      acc[v] = _mm512_fmadd_ps(pj, load16<Full>(vrow[j] + d0 + 16 * v, dm[v]), acc[v]);
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) _mm512_store_ps(part + kPartialHeader + d0 + 16 * v, acc[v]);
 }
 
 // p[0 .. kKeyBlock) = the scores of one query row (qs, scaled) against a key block's rows (n of
@@ -364,79 +387,83 @@ GPT2_KERNEL_AVX512 inline void row_scores(const E* const* rows, Index n, Index h
   for (int g = 0; g < G; ++g) _mm512_store_ps(p + 16 * g, acc[g]);
 }
 
-// p[i kKeyBlock .. (i + 1) kKeyBlock) = row_scores' scores against NB consecutive key blocks, read
-// from their transposed blocks (kt: the first block's [head_dim][kKeyBlock], the next ones after
-// it; AttentionTile::keys_t): the same chains (over d = 0, 1, .. from +0, a lane per key), the
-// blocks' 4 NB chains interleaved, with the keys streamed as they lie instead of transposed.
-// Lanes of keys the row does not see hold whatever the blocks hold there (block_stats masks them).
-template <int NB, class E>
+// p[0 .. kKeyBlock) = row_scores' scores against one key block read from its transposed block
+// (kt: [head_dim][kKeyBlock], AttentionTile::keys_t): the same chains (over d = 0, 1, .. from +0,
+// a lane per key) with the keys streamed as they lie, kStreamAhead bytes ahead. Lanes of keys the
+// row does not see hold whatever the block holds there (block_stats masks them).
+template <class E>
 GPT2_KERNEL_AVX512 inline void row_scores_t(const E* kt, Index head_dim, const float* qs,
                                             float* p) {
   constexpr int G = kKeyBlock / 16;
-  __m512 acc[NB][G];
+  __m512 acc[G];
 #pragma GCC unroll 4
-  for (int i = 0; i < NB; ++i)
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) acc[i][g] = _mm512_setzero_ps();
-  const Index block = head_dim * kKeyBlock;
+  for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
   for (Index d = 0; d < head_dim; ++d) {
+    const E* row = kt + d * kKeyBlock;
+    prefetch_stream(row, kKeyBlock * sizeof(E));
     const __m512 qd = _mm512_set1_ps(qs[d]);
 #pragma GCC unroll 4
-    for (int i = 0; i < NB; ++i)
-#pragma GCC unroll 4
-      for (int g = 0; g < G; ++g)
-        acc[i][g] = _mm512_fmadd_ps(
-            qd, load16(kt + i * block + d * kKeyBlock + 16 * g, static_cast<__mmask16>(0xFFFF)),
-            acc[i][g]);
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qd, load16(row + 16 * g), acc[g]);
   }
 #pragma GCC unroll 4
-  for (int i = 0; i < NB; ++i)
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) _mm512_store_ps(p + i * kKeyBlock + 16 * g, acc[i][g]);
+  for (int g = 0; g < G; ++g) _mm512_store_ps(p + 16 * g, acc[g]);
 }
 
-// The partials of the tile's one row (position t.first_pos) over NB blocks from b0, into parts
-// (partial_stride apart). Keys and values from key_pages, value_pages (t's page_rows and strides):
-// float32, or bf16 bits (E = std::uint16_t: the same arithmetic on the widened values). The next
-// NB blocks' rows before key_end are fetched into cache meanwhile.
-template <int NB, class E>
-GPT2_KERNEL_AVX512 inline void decode_partials(Index b0, Index key_end,
-                                               const AttentionTile<float>& t,
-                                               const E* const* key_pages,
-                                               const E* const* value_pages,
-                                               TileScratch<float>& ts, float* parts) {
-  const Index hd = t.head_dim;
-  prefetch_keys_and_values(t, key_pages, value_pages, b0 + NB * kKeyBlock, NB * kKeyBlock,
-                           key_end);
-  Index n[kDecodeBlocks] = {};
-  const E* krow[kKeyBlock];
-  const E* vrow[kDecodeBlocks][kKeyBlock];
+// The partial of the tile's one row (position t.first_pos) over the key block from b0, into part.
+// Keys and values from key_pages, value_pages (t's page_rows and strides): float32, or bf16 bits
+// (E = std::uint16_t: the same arithmetic on the widened values). Keys from rows: the next
+// block's rows before key_end are fetched into cache meanwhile.
+template <class E>
+GPT2_KERNEL_AVX512 inline void decode_block(Index b0, Index key_end, const AttentionTile<float>& t,
+                                            const E* const* key_pages,
+                                            const E* const* value_pages, TileScratch<float>& ts,
+                                            float* part) {
+  const Index hd = t.head_dim, n = visible_in_block(t.first_pos, b0);
+  const E* row[kKeyBlock];
   const E* kt = transposed_keys_of<E>(t);
-  if (kt != nullptr) row_scores_t<NB>(kt + (b0 / kKeyBlock) * hd * kKeyBlock, hd, ts.qs, ts.p);
-  for (int i = 0; i < NB; ++i) {
-    const Index bi = b0 + i * kKeyBlock;
-    n[i] = visible_in_block(t.first_pos, bi);
-    if (kt == nullptr) {
-      page_rows_of<E>(key_pages, t.page_rows, t.key_stride, bi, n[i], krow);
-      row_scores(krow, n[i], hd, ts.qs, ts.p + i * kKeyBlock);
-    }
-    page_rows_of<E>(value_pages, t.page_rows, t.value_stride, bi, n[i], vrow[i]);
+  if (kt != nullptr) {
+    row_scores_t(kt + (b0 / kKeyBlock) * hd * kKeyBlock, hd, ts.qs, ts.p);
+  } else {
+    prefetch_keys_and_values(t, key_pages, value_pages, b0 + kKeyBlock, kKeyBlock, key_end);
+    page_rows_of<E>(key_pages, t.page_rows, t.key_stride, b0, n, row);
+    row_scores(row, n, hd, ts.qs, ts.p);
   }
-  const Index stride = partial_stride(hd);
-  for (int i = 0; i < NB; ++i) block_stats(n[i], ts.p + i * kKeyBlock, parts + i * stride);
+  page_rows_of<E>(value_pages, t.page_rows, t.value_stride, b0, n, row);
+  block_stats(n, ts.p, part);
+  const bool ahead = kt != nullptr;
   Index d0 = 0;
-  for (; d0 + 64 <= hd; d0 += 64) decode_values<NB, 4>(d0, n, vrow, t, ts, parts);
-  const Index rest = hd - d0;
+  for (; d0 + 64 <= hd; d0 += 64) decode_values<4, true>(d0, n, row, ahead && d0 == 0, t, ts, part);
+  const Index rest = hd - d0, first = d0 == 0;
   if (rest > 48)
-    decode_values<NB, 4>(d0, n, vrow, t, ts, parts);
+    decode_values<4, false>(d0, n, row, ahead && first, t, ts, part);
   else if (rest > 32)
-    decode_values<NB, 3>(d0, n, vrow, t, ts, parts);
+    decode_values<3, false>(d0, n, row, ahead && first, t, ts, part);
   else if (rest > 16)
-    decode_values<NB, 2>(d0, n, vrow, t, ts, parts);
+    decode_values<2, false>(d0, n, row, ahead && first, t, ts, part);
   else if (rest > 0)
-    decode_values<NB, 1>(d0, n, vrow, t, ts, parts);
+    decode_values<1, false>(d0, n, row, ahead && first, t, ts, part);
   // (the stores cover o_b's padded width: its lanes past head_dim hold zeros, the values' masked
   // lanes)
+}
+
+// The start of a decode step's reads from key block `block` on fetched into cache: keys from rows
+// the whole block (prefetch_keys_and_values), streams their first kStreamAhead bytes (decode_block
+// fetches the rest as it goes).
+template <class E>
+GPT2_KERNEL_AVX512 inline void prefetch_decode_start(const AttentionTile<float>& t,
+                                                     const E* const* key_pages,
+                                                     const E* const* value_pages, Index block,
+                                                     Index key_end) {
+  const Index hd = t.head_dim, j0 = block * kKeyBlock;
+  if (const E* kt = transposed_keys_of<E>(t)) {
+    if (j0 >= key_end || j0 > t.first_pos) return;
+    prefetch_span(kt + block * hd * kKeyBlock, kStreamAhead);
+    const E* first_value;
+    page_rows_of<E>(value_pages, t.page_rows, t.value_stride, j0, 1, &first_value);
+    prefetch_span(first_value, kStreamAhead);
+  } else {
+    prefetch_keys_and_values(t, key_pages, value_pages, j0, kKeyBlock, key_end);
+  }
 }
 
 // row 0's q scaled into qs (rounded on its own), its o zeroed, its state at the start.
@@ -463,19 +490,12 @@ GPT2_KERNEL_AVX512 inline void row_partials_of(const AttentionTile<float>& t,
                                                const E* const* value_pages, Index block_begin,
                                                Index block_end, float* parts) {
   TileScratch<float> ts(t.scratch, t.head_dim);
-  const Index key_end = block_end * kKeyBlock;
-  prefetch_keys_and_values(t, key_pages, value_pages, block_begin * kKeyBlock,
-                           kDecodeBlocks * kKeyBlock, key_end);
+  const Index key_end = block_end * kKeyBlock, stride = partial_stride(t.head_dim);
+  prefetch_decode_start(t, key_pages, value_pages, block_begin, key_end);
   init_row(t, ts);
-  const Index stride = partial_stride(t.head_dim);
-  Index b = block_begin;
-  for (; b + kDecodeBlocks <= block_end; b += kDecodeBlocks)
-    decode_partials<kDecodeBlocks>(b * kKeyBlock, key_end, t, key_pages, value_pages, ts,
-                                   parts + (b - block_begin) * stride);
-  static_assert(kDecodeBlocks == 2, "the remainder below is one block");
-  if (b < block_end)
-    decode_partials<1>(b * kKeyBlock, key_end, t, key_pages, value_pages, ts,
-                       parts + (b - block_begin) * stride);
+  for (Index b = block_begin; b < block_end; ++b)
+    decode_block(b * kKeyBlock, key_end, t, key_pages, value_pages, ts,
+                 parts + (b - block_begin) * stride);
 }
 
 // The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
@@ -715,19 +735,13 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     ts.z[r] = 0.0f;
     ts.l[r] = 0.0f;
   }
-  if (nb == 1) {  // a decode step: kDecodeBlocks blocks at a time, each a partial merged in order
-    const Index key_end = t.first_pos + 1;
-    prefetch_keys_and_values(t, t.key_pages, t.value_pages, 0, kDecodeBlocks * kKeyBlock, key_end);
-    const Index blocks = t.first_pos / kKeyBlock + 1, stride = partial_stride(hd);
-    float* parts = ts.vb;  // kDecodeBlocks partials at a time
-    for (Index b = 0; b < blocks; b += kDecodeBlocks) {
-      if (b + kDecodeBlocks <= blocks)
-        decode_partials<kDecodeBlocks>(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, ts,
-                                       parts);
-      else
-        decode_partials<1>(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, ts, parts);
-      for (Index i = 0; i < std::min(kDecodeBlocks, blocks - b); ++i)
-        fold_partial(parts + i * stride, hd, ts);
+  if (nb == 1) {  // a decode step: block by block, each a partial merged in order
+    const Index key_end = t.first_pos + 1, blocks = t.first_pos / kKeyBlock + 1;
+    prefetch_decode_start(t, t.key_pages, t.value_pages, 0, key_end);
+    float* part = ts.vb;
+    for (Index b = 0; b < blocks; ++b) {
+      decode_block(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, ts, part);
+      fold_partial(part, hd, ts);
     }
     write_row(t, ts);
     return;

@@ -200,6 +200,64 @@ struct DotTile {
   }
 };
 
+// ---- one row of A (a decode step's projections) ---------------------------------------------
+// One row cannot fill a tile's chains, and the step reads every weight once, so it is paced by
+// memory: P panels side by side (2 P independent chains), each panel's stream fetched
+// kBf16PrefetchPairs pair rows ahead, as the float32 strips do theirs (avx512.hpp). Every element
+// of c is the chain dot_tile computes for it (pairs in order, from c's value or the bias): the same
+// bits.
+
+// Pair rows (128 bytes each) ahead of the one being read that dot_row prefetches in each panel.
+// Measured from DRAM (gpt2_decode_phases, bf16, AMD Zen 5): the qkv product at 2 threads read
+// 45 GB/s with 4 or 8 ahead, 52-62 GB/s with 16, 42-57 with 32.
+inline constexpr Index kBf16PrefetchPairs = 16;
+
+// c[0, 32 P) += a (bf16 pairs) * P panels from `panel` (Kp deep, kBf16PanelCols columns each;
+// columns past N masked by m), over `pairs` pairs; with a bias, c = bias + a B (c not read).
+template <int P>
+GPT2_KERNEL_AVX512_BF16 inline void dot_row_panels(const std::uint32_t* a, const std::uint16_t* panel,
+                                                   Index Kp, float* c, Index pairs,
+                                                   const __mmask16 (&m)[2 * P], const float* bias) {
+  __m512 acc[2 * P];
+#pragma GCC unroll 16
+  for (int v = 0; v < 2 * P; ++v) acc[v] = _mm512_maskz_loadu_ps(m[v], bias ? bias + 16 * v : c + 16 * v);
+  const Index panel_stride = Kp * kBf16PanelCols, pair_row = 2 * kBf16PanelCols;
+  for (Index p = 0; p < pairs; ++p) {
+    const __m512bh ap = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(a[p])));
+#pragma GCC unroll 8
+    for (int q = 0; q < P; ++q) {
+      const std::uint16_t* row = panel + q * panel_stride + p * pair_row;
+      _mm_prefetch(reinterpret_cast<const char*>(row + kBf16PrefetchPairs * pair_row), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row + kBf16PrefetchPairs * pair_row + 32), _MM_HINT_T0);
+      acc[2 * q] = _mm512_dpbf16_ps(acc[2 * q], ap, reinterpret_cast<__m512bh>(_mm512_load_si512(row)));
+      acc[2 * q + 1] =
+          _mm512_dpbf16_ps(acc[2 * q + 1], ap, reinterpret_cast<__m512bh>(_mm512_load_si512(row + 32)));
+    }
+  }
+#pragma GCC unroll 16
+  for (int v = 0; v < 2 * P; ++v) _mm512_mask_storeu_ps(c + 16 * v, m[v], acc[v]);
+}
+
+// c[1, N] += a[1, K] * B[K, N] (a's bf16 pairs: `pairs` of them), B's panels from Bp (depth Kp):
+// four panels at a time, the last ones one at a time. With a bias, c = bias + a B.
+GPT2_KERNEL_AVX512_BF16 inline void dot_row(Index N, const std::uint32_t* a, Index pairs,
+                                            const std::uint16_t* Bp, Index Kp, float* c,
+                                            const float* bias) {
+  constexpr int P = 4;
+  Index j0 = 0;
+  for (; j0 + P * kBf16PanelCols <= N; j0 += P * kBf16PanelCols) {
+    __mmask16 m[2 * P];
+    for (int v = 0; v < 2 * P; ++v) m[v] = lanes(j0 + 16 * v, N);
+    dot_row_panels<P>(a, Bp + (j0 / kBf16PanelCols) * Kp * kBf16PanelCols, Kp, c + j0, pairs, m,
+                      bias ? bias + j0 : nullptr);
+  }
+  for (; j0 < N; j0 += kBf16PanelCols) {
+    const __mmask16 m[2] = {lanes(j0, N), lanes(j0 + 16, N)};
+    dot_row_panels<1>(a, Bp + (j0 / kBf16PanelCols) * Kp * kBf16PanelCols, Kp, c + j0, pairs, m,
+                      bias ? bias + j0 : nullptr);
+  }
+}
+
 // Depth of A's bf16 copy per pass: kBf16RowBlock rows of it fit the scratch (kPackFloats floats).
 inline constexpr Index kBf16CopyDepth = 2048;
 static_assert(bf16_copy_floats(kBf16RowBlock, kBf16CopyDepth) <= kPackFloats,
@@ -212,6 +270,11 @@ GPT2_KERNEL_AVX512_BF16 inline void gemm_bf16(Index M, Index N, Index K, const f
                                               const std::uint16_t* Bp, Index Kp, float* C,
                                               Index ldc, float* scratch, const float* bias) {
   std::uint16_t* copy = reinterpret_cast<std::uint16_t*>(scratch);
+  if (M == 1 && Kp <= kBf16CopyDepth) {  // a decode step: one row, dot_row
+    round_rows_to_bf16(1, K, A, lda, Kp, copy);
+    dot_row(N, reinterpret_cast<const std::uint32_t*>(copy), (K + 1) / 2, Bp, Kp, C, bias);
+    return;
+  }
   for (Index jb = 0; jb < N; jb += kBf16ColBlock) {
     const Index cols = std::min(kBf16ColBlock, N - jb);
     for (Index ib = 0; ib < M; ib += kBf16RowBlock) {

@@ -1,0 +1,90 @@
+// AlignedMatrix<E>: a row-major matrix whose storage starts on a 64-byte boundary (a cache line,
+// an AVX-512 vector), read and written through Eigen maps.
+//
+// Why: Eigen aligns its own matrices to EIGEN_MAX_ALIGN_BYTES, which is 16 in a build without
+// -march flags (the plain build this library is made for: its kernels are chosen at run time). A
+// row of 64 floats then straddles two cache lines, so every 64-byte vector load of it is a split
+// load. The KV caches' streams are read that way once per decode step; aligned, the same reads
+// ran 1.3-1.4x faster with the cache in L2/L3 (AMD Zen 5; docs/speed.md).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <new>
+#include <utility>
+
+#include "gpt2/types.hpp"
+
+namespace gpt2::detail {
+
+template <class E>
+class AlignedMatrix {
+ public:
+  using Map = Eigen::Map<RowMatrix<E>, Eigen::Aligned64>;
+  using ConstMap = Eigen::Map<const RowMatrix<E>, Eigen::Aligned64>;
+  static constexpr std::size_t kAlignment = 64;
+
+  AlignedMatrix() = default;
+  // rows x cols, uninitialized.
+  AlignedMatrix(Index rows, Index cols) { resize(rows, cols); }
+
+  AlignedMatrix(const AlignedMatrix&) = delete;
+  AlignedMatrix& operator=(const AlignedMatrix&) = delete;
+  // Moving leaves the source 0 x cols (its width kept: views of it stay well-formed).
+  AlignedMatrix(AlignedMatrix&& other) noexcept
+      : data_(std::move(other.data_)), rows_(std::exchange(other.rows_, 0)), cols_(other.cols_) {}
+  AlignedMatrix& operator=(AlignedMatrix&& other) noexcept {
+    if (&other != this) {
+      data_ = std::move(other.data_);
+      rows_ = std::exchange(other.rows_, 0);
+      cols_ = other.cols_;
+    }
+    return *this;
+  }
+
+  // rows x cols; reallocates (contents unspecified) unless the element count is unchanged.
+  void resize(Index rows, Index cols) {
+    if (rows * cols != size()) {
+      data_.reset();
+      if (rows * cols > 0) data_.reset(allocate(static_cast<std::size_t>(rows * cols) * sizeof(E)));
+    }
+    rows_ = rows;
+    cols_ = cols;
+  }
+  void setZero() { std::fill_n(data(), size(), E(0)); }
+
+  Index rows() const { return rows_; }
+  Index cols() const { return cols_; }
+  Index size() const { return rows_ * cols_; }
+  E* data() { return data_.get(); }
+  const E* data() const { return data_.get(); }
+
+  Map map() { return Map(data(), rows_, cols_); }
+  ConstMap map() const { return ConstMap(data(), rows_, cols_); }
+  // Views of parts, as a RowMatrix's (MatrixRef and ConstMatrixRef take them).
+  auto topRows(Index n) { return map().topRows(n); }
+  auto topRows(Index n) const { return map().topRows(n); }
+  auto topLeftCorner(Index r, Index c) { return map().topLeftCorner(r, c); }
+  auto middleRows(Index r, Index n) { return map().middleRows(r, n); }
+  auto middleRows(Index r, Index n) const { return map().middleRows(r, n); }
+
+  void swap(AlignedMatrix& other) noexcept {
+    data_.swap(other.data_);
+    std::swap(rows_, other.rows_);
+    std::swap(cols_, other.cols_);
+  }
+
+ private:
+  static E* allocate(std::size_t bytes) {
+    return static_cast<E*>(::operator new(bytes, std::align_val_t(kAlignment)));
+  }
+  struct Free {
+    void operator()(E* p) const { ::operator delete(p, std::align_val_t(kAlignment)); }
+  };
+  std::unique_ptr<E, Free> data_;
+  Index rows_ = 0;
+  Index cols_ = 0;
+};
+
+}  // namespace gpt2::detail
