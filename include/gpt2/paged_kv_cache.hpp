@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "gpt2/config.hpp"
+#include "gpt2/detail/aligned_matrix.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/types.hpp"
 
@@ -92,8 +93,10 @@ class KVBlockPool {
     keys_.reserve(static_cast<std::size_t>(n_layers));
     values_.reserve(static_cast<std::size_t>(n_layers));
     for (Index l = 0; l < n_layers; ++l) {
-      keys_.push_back(RowMatrix<T>::Zero(rows, hd));
-      values_.push_back(RowMatrix<T>::Zero(rows, hd));
+      keys_.emplace_back(rows, hd);
+      keys_.back().setZero();
+      values_.emplace_back(rows, hd);
+      values_.back().setZero();
     }
     refs_.reset(new std::atomic<std::int32_t>[static_cast<std::size_t>(n_blocks)]);
     cowed_.assign(static_cast<std::size_t>(n_blocks), 0);
@@ -141,8 +144,8 @@ class KVBlockPool {
   }
   // Layer l's whole key (value) storage [n_blocks * n_head * block_rows, head_dim]: for overlap
   // checks and inspection.
-  ConstMatrixRef<T> key_storage(Index layer) const { return keys_[check_layer(layer)]; }
-  ConstMatrixRef<T> value_storage(Index layer) const { return values_[check_layer(layer)]; }
+  ConstMatrixRef<T> key_storage(Index layer) const { return keys_[check_layer(layer)].map(); }
+  ConstMatrixRef<T> value_storage(Index layer) const { return values_[check_layer(layer)].map(); }
 
   // Grows sequences seqs[0 .. n) by counts[i] positions each, all or nothing: CapacityError (no
   // sequence and no block changed) unless the free blocks cover every new block and every
@@ -202,7 +205,8 @@ class KVBlockPool {
 
   AttentionConfig config_;
   Index n_blocks_, n_layers_, block_rows_;
-  std::vector<RowMatrix<T>> keys_, values_;  // per layer [n_blocks * n_head * block_rows, head_dim]
+  // per layer [n_blocks * n_head * block_rows, head_dim], 64-byte aligned
+  std::vector<detail::AlignedMatrix<T>> keys_, values_;
   // Reference counts: changed only with mutex_ held; atomic so that a sequence may read the count
   // of a block it holds alone (write_last's check) while other threads change other counts.
   std::unique_ptr<std::atomic<std::int32_t>[]> refs_;
