@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
+#include <limits>
 #include <memory>
 #include <new>
 #include <utility>
@@ -47,7 +49,7 @@ class AlignedMatrix {
   void resize(Index rows, Index cols) {
     if (rows * cols != size()) {
       data_.reset();
-      if (rows * cols > 0) data_.reset(allocate(static_cast<std::size_t>(rows * cols) * sizeof(E)));
+      if (rows * cols > 0) data_.reset(allocate(static_cast<std::size_t>(rows * cols)));
     }
     rows_ = rows;
     cols_ = cols;
@@ -76,11 +78,18 @@ class AlignedMatrix {
   }
 
  private:
-  static E* allocate(std::size_t bytes) {
-    return static_cast<E*>(::operator new(bytes, std::align_val_t(kAlignment)));
+  // malloc's family, as Eigen's own storage: a failed allocation throws std::bad_alloc (also
+  // under AddressSanitizer with allocator_may_return_null, which aborts in operator new instead).
+  static E* allocate(std::size_t elements) {
+    if (elements > (std::numeric_limits<std::size_t>::max() - kAlignment) / sizeof(E))
+      throw std::bad_alloc();
+    const std::size_t bytes = (elements * sizeof(E) + kAlignment - 1) / kAlignment * kAlignment;
+    void* p = std::aligned_alloc(kAlignment, bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<E*>(p);
   }
   struct Free {
-    void operator()(E* p) const { ::operator delete(p, std::align_val_t(kAlignment)); }
+    void operator()(E* p) const { std::free(p); }
   };
   std::unique_ptr<E, Free> data_;
   Index rows_ = 0;
