@@ -430,18 +430,20 @@ GPT2_KERNEL_AVX512 inline void decode_block(Index b0, Index key_end, const Atten
   }
   page_rows_of<E>(value_pages, t.page_rows, t.value_stride, b0, n, row);
   block_stats(n, ts.p, part);
-  const bool ahead = kt != nullptr;
+  // the value rows are prefetched (whole) by the first chunk only
+  const bool streams = kt != nullptr;
   Index d0 = 0;
-  for (; d0 + 64 <= hd; d0 += 64) decode_values<4, true>(d0, n, row, ahead && d0 == 0, t, ts, part);
-  const Index rest = hd - d0, first = d0 == 0;
+  for (; d0 + 64 <= hd; d0 += 64) decode_values<4, true>(d0, n, row, streams && d0 == 0, t, ts, part);
+  const Index rest = hd - d0;
+  const bool ahead = streams && d0 == 0;
   if (rest > 48)
-    decode_values<4, false>(d0, n, row, ahead && first, t, ts, part);
+    decode_values<4, false>(d0, n, row, ahead, t, ts, part);
   else if (rest > 32)
-    decode_values<3, false>(d0, n, row, ahead && first, t, ts, part);
+    decode_values<3, false>(d0, n, row, ahead, t, ts, part);
   else if (rest > 16)
-    decode_values<2, false>(d0, n, row, ahead && first, t, ts, part);
+    decode_values<2, false>(d0, n, row, ahead, t, ts, part);
   else if (rest > 0)
-    decode_values<1, false>(d0, n, row, ahead && first, t, ts, part);
+    decode_values<1, false>(d0, n, row, ahead, t, ts, part);
   // (the stores cover o_b's padded width: its lanes past head_dim hold zeros, the values' masked
   // lanes)
 }
