@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Runs several builds / kernel levels of the benchmark suite interleaved, round by round, and
-prints the median time of each benchmark per variant, with ratios against the first variant.
+prints the median (or --stat min) time of each benchmark per variant, with ratios against the
+first variant.
 
   bench/compare_levels.py --rounds 3 --filter 'prefill/T:(64|1024)/|decode/past:1023/' \\
       plain=build/release/bench/gpt2_bench \\
@@ -40,6 +41,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--min-time", default="0.3")
     ap.add_argument("--json", help="write every round's results here")
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="per benchmark and variant, over the rounds (min: on a VM whose "
+                         "neighbours only ever slow a round down, the least disturbed one)")
     args = ap.parse_args()
     variants = []
     for v in args.variants:
@@ -65,12 +69,14 @@ def main():
     benches = sorted({b for n in names for b in times[n]}, key=lambda b: (b.split("/")[0], b))
     print("kernels: " + ", ".join(f"{n}={contexts[n]['kernels']}" for n in names))
     print("cpu: " + str(contexts[base]["cpu_features"]))
+    print(f"{args.stat} over {args.rounds} rounds")
     header = "| benchmark | " + " | ".join(f"{n} (ms)" for n in names) + " | " + \
              " | ".join(f"speed {n} vs {base}" for n in names[1:]) + " |"
     print(header)
     print("|" + "---|" * (1 + 2 * len(names) - 1))
     for bench in benches:
-        med = {n: statistics.median(times[n][bench]) if bench in times[n] else None for n in names}
+        stat = statistics.median if args.stat == "median" else min
+        med = {n: stat(times[n][bench]) if bench in times[n] else None for n in names}
         cells = [f"{med[n]:.4g}" if med[n] is not None else "n/a" for n in names]
         # speed of n relative to the first variant: t_base / t_n (above 1: n is faster)
         ratios = [f"{med[base] / med[n]:.2f}x" if med[n] and med[base] else "n/a" for n in names[1:]]

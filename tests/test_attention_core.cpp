@@ -60,7 +60,9 @@ RowMatrix<T> random_matrix(Index rows, Index cols, std::uint32_t seed, double sc
 }
 
 // Keys and values copied into pages of page_rows rows (stride `stride`), the pages in shuffled
-// order in one pool: the HeadPages view of them.
+// order in one pool: the HeadPages view of them. aligned64: the pool starts on a 64-byte boundary
+// (with a stride of whole cache lines every row then does: the kernels read such value rows in
+// place, others through an aligned copy).
 template <class T>
 struct Paged {
   std::vector<T> pool;
@@ -68,15 +70,18 @@ struct Paged {
   gpt2::HeadPages<T> view;
 
   Paged(const RowMatrix<T>& k, const RowMatrix<T>& v, Index page_rows, Index stride,
-        std::uint32_t seed) {
+        std::uint32_t seed, bool aligned64 = false) {
     const Index n = k.rows(), hd = k.cols(), pages = (n + page_rows - 1) / page_rows;
-    pool.assign(static_cast<std::size_t>(2 * pages * page_rows * stride), T(-7777));
+    const Index line = 64 / static_cast<Index>(sizeof(T));
+    pool.assign(static_cast<std::size_t>(2 * pages * page_rows * stride + line), T(-7777));
+    T* base = pool.data();
+    while (aligned64 && reinterpret_cast<std::uintptr_t>(base) % 64 != 0) ++base;
     std::vector<Index> slot(static_cast<std::size_t>(2 * pages));
     std::iota(slot.begin(), slot.end(), 0);
     std::shuffle(slot.begin(), slot.end(), std::mt19937(seed));
     for (Index p = 0; p < pages; ++p) {
-      T* kp = pool.data() + slot[p] * page_rows * stride;
-      T* vp = pool.data() + slot[pages + p] * page_rows * stride;
+      T* kp = base + slot[p] * page_rows * stride;
+      T* vp = base + slot[pages + p] * page_rows * stride;
       for (Index r = 0; r < page_rows && p * page_rows + r < n; ++r)
         for (Index d = 0; d < hd; ++d) {
           kp[r * stride + d] = k(p * page_rows + r, d);
@@ -134,6 +139,7 @@ class CoreKernels : public ::testing::TestWithParam<Isa> {
 
 struct TileCase {
   Index rows, first_pos, head_dim, page_rows;
+  bool aligned = false;  // key and value rows on 64-byte boundaries (else stride hd + 7)
 };
 
 // out of the level's kernel and of the emulation, for one tile (q stride hd + 3, out stride hd + 5
@@ -145,7 +151,8 @@ void check_tile(const gpt2::kernels::FloatKernels& kern, const TileCase& c, std:
   const RowMatrix<float> k = random_matrix<float>(n_keys, hd, seed + 1, scale);
   const RowMatrix<float> v = random_matrix<float>(n_keys, hd, seed + 2);
   const Index page_rows = c.page_rows > 0 ? c.page_rows : std::max<Index>(1, n_keys);
-  Paged<float> paged(k, v, page_rows, hd + 7, seed + 3);
+  const Index stride = c.aligned ? (hd + 15) / 16 * 16 + 16 : hd + 7;
+  Paged<float> paged(k, v, page_rows, stride, seed + 3, c.aligned);
   std::vector<float> scratch_store(
       static_cast<std::size_t>(gpt2::kernels::attention_scratch_size<float>(hd) + 16));
   float* scratch = scratch_store.data();
@@ -161,8 +168,8 @@ void check_tile(const gpt2::kernels::FloatKernels& kern, const TileCase& c, std:
   t.key_pages = paged.key_pages.data();
   t.value_pages = paged.value_pages.data();
   t.page_rows = page_rows;
-  t.key_stride = hd + 7;
-  t.value_stride = hd + 7;
+  t.key_stride = stride;
+  t.value_stride = stride;
   t.scale = 1.0f / std::sqrt(float(hd));
   t.out = got.data();
   t.ldo = ldo;
@@ -170,14 +177,15 @@ void check_tile(const gpt2::kernels::FloatKernels& kern, const TileCase& c, std:
   kern.attention_tile(t);
   std::vector<const float*> krow(static_cast<std::size_t>(n_keys)), vrow(krow.size());
   for (Index j = 0; j < n_keys; ++j) {
-    krow[j] = paged.key_pages[j / page_rows] + (j % page_rows) * (hd + 7);
-    vrow[j] = paged.value_pages[j / page_rows] + (j % page_rows) * (hd + 7);
+    krow[j] = paged.key_pages[j / page_rows] + (j % page_rows) * stride;
+    vrow[j] = paged.value_pages[j / page_rows] + (j % page_rows) * stride;
   }
   emu::attention_tile(c.rows, c.first_pos, hd, q.data(), q.outerStride(), krow.data(), vrow.data(),
                       t.scale, want.data(), ldo);
   const std::string where = "rows " + std::to_string(c.rows) + " first_pos " +
                             std::to_string(c.first_pos) + " head_dim " + std::to_string(hd) +
-                            " page_rows " + std::to_string(c.page_rows);
+                            " page_rows " + std::to_string(c.page_rows) +
+                            (c.aligned ? " aligned" : "");
   for (std::size_t i = 0; i < got.size(); ++i)
     ASSERT_EQ(bits_of(got[i]), bits_of(want[i]))
         << where << ": element " << i << " (row " << Index(i) / ldo << ", col " << Index(i) % ldo
@@ -196,6 +204,11 @@ TEST_P(CoreKernels, TileMatchesEmulation) {
   for (Index page_rows : {16, 32, 48})
     for (Index first_pos : {0, 15, 16, 200})
       for (Index rows : {1, 7, 64}) check_tile(k(), {rows, first_pos, 64, page_rows}, seed++);
+  // rows on cache lines (p v reads the values in place), with a tail and in pages
+  for (Index hd : {64, 48, 100})
+    for (Index rows : {16, 40, 64})
+      for (Index first_pos : {0, 65, 130})
+        for (Index page_rows : {0, 32}) check_tile(k(), {rows, first_pos, hd, page_rows, true}, seed++);
   // logits in the hundreds: the block maxima differ a lot, the merge factors underflow
   for (Index first_pos : {0, 100}) check_tile(k(), {64, first_pos, 64, 0}, seed++, 6.0);
 }

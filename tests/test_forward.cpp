@@ -71,6 +71,49 @@ TYPED_TEST(ForwardTest, RepeatedCallsReuseTheWorkspaceAndGiveTheSameResult) {
   EXPECT_TRUE(near(c.topRows(1), a.topRows(1), Tolerance<T>::rel, Tolerance<T>::abs));
 }
 
+// The workspace's qkv and merged: 64-byte aligned, rows an odd number of cache lines apart (and
+// at least their width), seen through views with that stride; bytes() counts the padding. A
+// forward through it gives the bits of one through dense buffers (the public steps).
+TYPED_TEST(ForwardTest, WorkspaceRowsAreAnOddNumberOfCacheLinesApart) {
+  using T = TypeParam;
+  const Index line = 64 / static_cast<Index>(sizeof(T));
+  for (const Index C : {64, 768, 40}) {
+    const gpt2::AttentionConfig config{C, C == 40 ? 5 : 4};
+    gpt2::Workspace<T> ws(config, 9);
+    for (const auto* m : {&ws.qkv, &ws.merged}) {
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(m->data()) % 64, 0u);
+      EXPECT_GE(m->outerStride(), m->cols());
+      EXPECT_LT(m->outerStride(), m->cols() + 2 * line);
+      EXPECT_EQ(m->outerStride() % line, 0) << "C " << C;
+      EXPECT_EQ(m->outerStride() / line % 2, 1) << "C " << C;
+      EXPECT_EQ(m->storage_size(), m->rows() * m->outerStride());
+    }
+    EXPECT_EQ(ws.qkv.map().outerStride(), ws.qkv.outerStride());
+    EXPECT_EQ(&ws.qkv.topRows(9)(1, 0), ws.qkv.data() + ws.qkv.outerStride());
+    EXPECT_GE(ws.bytes(), (ws.qkv.storage_size() + ws.merged.storage_size()) * Index(sizeof(T)));
+  }
+  EXPECT_EQ((gpt2::detail::AlignedMatrix<float>::stride_for(2304, gpt2::detail::RowStride::odd_lines)), 2320);
+  EXPECT_EQ((gpt2::detail::AlignedMatrix<float>::stride_for(768, gpt2::detail::RowStride::odd_lines)), 784);
+  EXPECT_EQ((gpt2::detail::AlignedMatrix<float>::stride_for(2320, gpt2::detail::RowStride::odd_lines)), 2320);
+  EXPECT_EQ((gpt2::detail::AlignedMatrix<float>::stride_for(768, gpt2::detail::RowStride::dense)), 768);
+
+  const Model<T> m = random_model<T>(64, 4, 5);
+  const RowMatrix<T> x = random_input<T>(70, 64, 6);
+  gpt2::Workspace<T> ws(m.config, 70);
+  RowMatrix<T> out(70, 64);
+  gpt2::attention_forward<T>(m.weights(), x, ws, out);
+  RowMatrix<T> qkv(70, 3 * 64), merged(70, 64), want(70, 64);
+  gpt2::qkv_projection<T>(m.weights(), x, qkv);
+  gpt2::AttentionScratch<T> scratch;
+  for (Index h = 0; h < m.config.n_head; ++h)
+    gpt2::causal_attention_head<T>(gpt2::q_view(qkv, m.config, h), gpt2::k_view(qkv, m.config, h),
+                                   gpt2::v_view(qkv, m.config, h),
+                                   gpt2::head_slot(merged, m.config, h), scratch);
+  gpt2::output_projection<T>(m.weights(), merged, want);
+  EXPECT_TRUE(near(out, want, Tolerance<T>::rel, Tolerance<T>::abs));
+  EXPECT_TRUE(RowMatrix<T>(ws.merged.topRows(70)) == merged) << "the attention's bits";
+}
+
 // A forward over other inputs in the same workspace (the same qkv storage, so the same key
 // pointers) must not reuse anything derived from the previous call's keys (e.g. the transposed
 // keys the AVX-512 path packs per head), on the plain and the cached paths. With one head, a

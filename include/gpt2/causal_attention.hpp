@@ -180,6 +180,9 @@ kernels::AttentionTile<T> tile_of(const ConstMatrixRef<T>& q, Index n_keys, Inde
   t.head_dim = q.cols();
   t.q = q.data() + r0 * q.outerStride();
   t.ldq = q.outerStride();
+  // attend_heads runs a head's tiles from the last rows back: the rows before r0 come next
+  t.next_rows = std::min(nb, r0);
+  t.next_q = t.next_rows > 0 ? q.data() + (r0 - t.next_rows) * q.outerStride() : nullptr;
   t.scale = T(1) / std::sqrt(T(q.cols()));
   t.out = out.data() + r0 * out.outerStride();
   t.ldo = out.outerStride();

@@ -106,7 +106,8 @@ class Workspace {
 
   // Bytes of all the buffers held (what a forward needs beyond its inputs, outputs and cache).
   Index bytes() const {
-    Index total = (qkv.size() + merged.size() + partials_size_) * static_cast<Index>(sizeof(T));
+    Index total = (qkv.storage_size() + merged.storage_size() + partials_size_) *
+                  static_cast<Index>(sizeof(T));
     for (const ThreadScratch<T>& t : threads) total += t.bytes();
     return total;
   }
@@ -136,7 +137,8 @@ class Workspace {
     max_tokens = std::max(max_tokens, capacity_);
     max_keys = std::max(max_keys, key_capacity_);
     const Index C = config_.n_embd;
-    detail::AlignedMatrix<T> grown_qkv(max_tokens, 3 * C), grown_merged(max_tokens, C);
+    detail::AlignedMatrix<T> grown_qkv(max_tokens, 3 * C, detail::RowStride::odd_lines),
+        grown_merged(max_tokens, C, detail::RowStride::odd_lines);
     // a decode step split over threads: every head's per-block partials of its one row
     const Index want_partials = config_.n_head *
                                 ((max_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock) *
@@ -179,7 +181,9 @@ class Workspace {
   Index partials_size() const { return partials_size_; }
 
   // 64-byte aligned (detail/aligned_matrix.hpp: rows of 3C or C floats start on a cache line when
-  // C is a multiple of 16); views as a RowMatrix's: qkv.topRows(T), qkv.data(), qkv.rows()
+  // C is a multiple of 16), rows an odd number of cache lines apart (RowStride::odd_lines: so that
+  // a head's rows spread over every set of the caches); views as a RowMatrix's with an outer
+  // stride: qkv.topRows(T), qkv.data(), qkv.rows(), qkv.outerStride()
   detail::AlignedMatrix<T> qkv;     // [capacity, 3C]
   detail::AlignedMatrix<T> merged;  // [capacity, C]
   std::vector<ThreadScratch<T>> threads;  // [thread_capacity]: thread t of a forward uses threads[t]

@@ -75,6 +75,10 @@ struct AttentionTile {
   // keys_t_bf16 with key_pages_bf16.
   const T* keys_t = nullptr;
   const std::uint16_t* keys_t_bf16 = nullptr;
+  // Optional, a hint: the query rows (stride ldq) the caller expects to run next, fetched into
+  // cache while this tile runs (a tile's first loads then find them there).
+  const T* next_q = nullptr;
+  Index next_rows = 0;
 };
 
 // head_dim rounded up to a multiple of 16 (the width of one row of qs and o in the scratch).
@@ -147,6 +151,24 @@ inline void prefetch_span(const void* p, std::uintptr_t bytes) {
 #else
   (void)p, (void)bytes;
 #endif
+}
+
+// Share b of n_shares of the next tile's q rows (t.next_q, when the caller gave them) fetched into
+// cache: a tile over n key blocks fetches share b while it works on block b.
+template <class T>
+inline void prefetch_next_queries(const AttentionTile<T>& t, Index b, Index n_shares) {
+  if (t.next_q == nullptr) return;
+  const Index i0 = b * t.next_rows / n_shares, i1 = (b + 1) * t.next_rows / n_shares;
+  for (Index i = i0; i < i1; ++i)
+    prefetch_span(t.next_q + i * t.ldq, static_cast<std::uintptr_t>(t.head_dim) * sizeof(T));
+}
+
+// Whether rows[0 .. n) all start on a 64-byte boundary.
+template <class E>
+inline bool rows_aligned(const E* const* rows, Index n) {
+  std::uintptr_t bits = 0;
+  for (Index i = 0; i < n; ++i) bits |= reinterpret_cast<std::uintptr_t>(rows[i]);
+  return (bits & 63) == 0;
 }
 
 // The head_dim elements (float32 or bf16 bits, E) of rows[0 .. n) fetched into cache ahead of their

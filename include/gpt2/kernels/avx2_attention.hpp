@@ -271,17 +271,25 @@ GPT2_KERNEL_AVX2 inline void value_rows_all(Index r, Index b0, const AttentionTi
     value_rows<R, 1>(r, d0, n, t, ts, ob);
 }
 
-// row 0's q scaled into qs, its o zeroed, its state at the start.
-GPT2_KERNEL_AVX2 inline void init_row(const AttentionTile<float>& t, TileScratch<float>& ts) {
+// The tile's q rows scaled into qs (each product stored, then read back: rounded on its own,
+// never fused into a later operation), their o zeroed, their state at the start. The rows are
+// fetched all at once first, then read with plain loads where all 8 lanes lie within head_dim
+// (they are a tile's first reads).
+GPT2_KERNEL_AVX2 inline void init_rows(const AttentionTile<float>& t, TileScratch<float>& ts) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd);
   const __m256 scale = _mm256_set1_ps(t.scale);
-  for (Index d0 = 0; d0 < hdp; d0 += 8) {
-    _mm256_store_ps(ts.qs + d0, _mm256_mul_ps(_mm256_maskload_ps(t.q + d0, lanes(hd - d0)), scale));
-    _mm256_store_ps(ts.o + d0, _mm256_setzero_ps());
+  for (Index r = 0; r < t.rows; ++r) prefetch_span(t.q + r * t.ldq, hd * sizeof(float));
+  for (Index r = 0; r < t.rows; ++r) {
+    const float* q = t.q + r * t.ldq;
+    for (Index d0 = 0; d0 < hdp; d0 += 8) {
+      const __m256 qd = d0 + 8 <= hd ? _mm256_loadu_ps(q + d0) : _mm256_maskload_ps(q + d0, lanes(hd - d0));
+      _mm256_store_ps(ts.qs + r * hdp + d0, _mm256_mul_ps(qd, scale));
+      _mm256_store_ps(ts.o + r * hdp + d0, _mm256_setzero_ps());
+    }
+    ts.m[r] = -std::numeric_limits<float>::infinity();
+    ts.z[r] = 0.0f;
+    ts.l[r] = 0.0f;
   }
-  ts.m[0] = -std::numeric_limits<float>::infinity();
-  ts.z[0] = 0.0f;
-  ts.l[0] = 0.0f;
 }
 
 // p[0 .. kKeyBlock) = the scores of one query row (qs, scaled) against a key block's rows (n of
@@ -363,7 +371,7 @@ GPT2_KERNEL_AVX2 inline void row_partials_of(const AttentionTile<float>& t,
                                              Index block_end, float* parts) {
   const Index stride = partial_stride(t.head_dim);
   TileScratch<float> ts(t.scratch, t.head_dim);
-  init_row(t, ts);
+  init_rows(t, ts);
   for (Index b = block_begin; b < block_end; ++b)
     block_partial(t, key_pages, value_pages, b, block_end * kKeyBlock, ts,
                   parts + (b - block_begin) * stride);
@@ -417,19 +425,7 @@ GPT2_KERNEL_AVX2 inline void merge_row_partials(const AttentionTile<float>& t, I
 GPT2_KERNEL_AVX2 inline void attention_tile(const AttentionTile<float>& t) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
   TileScratch<float> ts(t.scratch, hd);
-  const __m256 scale = _mm256_set1_ps(t.scale);
-  for (Index r = 0; r < nb; ++r) {
-    for (Index d0 = 0; d0 < hdp; d0 += 8) {
-      const __m256i dm = lanes(hd - d0);
-      // stored, then read back: rounded on its own (never fused into a later operation)
-      _mm256_store_ps(ts.qs + r * hdp + d0,
-                      _mm256_mul_ps(_mm256_maskload_ps(t.q + r * t.ldq + d0, dm), scale));
-      _mm256_store_ps(ts.o + r * hdp + d0, _mm256_setzero_ps());
-    }
-    ts.m[r] = -std::numeric_limits<float>::infinity();
-    ts.z[r] = 0.0f;
-    ts.l[r] = 0.0f;
-  }
+  init_rows(t, ts);
   if (nb == 1 && t.keys_t != nullptr) {  // a decode step over a cache's transposed key blocks:
     // each block a partial (row_partials'), merged in order: the tile's bits
     float* part = ts.kt;  // (the one-row path packs no k^T)
@@ -443,8 +439,10 @@ GPT2_KERNEL_AVX2 inline void attention_tile(const AttentionTile<float>& t) {
   const Index last = t.first_pos + nb - 1;
   const float* krow[kKeyBlock];
   const float* vrow[kKeyBlock];
+  const Index n_blocks = last / kKeyBlock + 1;
   for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
     const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
+    prefetch_next_queries(t, b0 / kKeyBlock, n_blocks);
     page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
     page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
     pack_keys_t(krow, n_blk, hd, ts.kt);
@@ -461,9 +459,13 @@ GPT2_KERNEL_AVX2 inline void attention_tile(const AttentionTile<float>& t) {
   }
   for (Index r = 0; r < nb; ++r) {
     const __m256 l = _mm256_set1_ps(ts.l[r]);
-    for (Index d0 = 0; d0 < hd; d0 += 8)
-      _mm256_maskstore_ps(t.out + r * t.ldo + d0, lanes(hd - d0),
-                          _mm256_div_ps(_mm256_load_ps(ts.o + r * hdp + d0), l));
+    for (Index d0 = 0; d0 < hd; d0 += 8) {
+      const __m256 y = _mm256_div_ps(_mm256_load_ps(ts.o + r * hdp + d0), l);
+      if (d0 + 8 <= hd)
+        _mm256_storeu_ps(t.out + r * t.ldo + d0, y);
+      else
+        _mm256_maskstore_ps(t.out + r * t.ldo + d0, lanes(hd - d0), y);
+    }
   }
 }
 

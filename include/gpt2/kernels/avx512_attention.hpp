@@ -468,20 +468,29 @@ GPT2_KERNEL_AVX512 inline void prefetch_decode_start(const AttentionTile<float>&
   }
 }
 
-// row 0's q scaled into qs (rounded on its own), its o zeroed, its state at the start.
-GPT2_KERNEL_AVX512 inline void init_row(const AttentionTile<float>& t, TileScratch<float>& ts) {
+// The tile's q rows scaled into qs (each product rounded on its own), their o zeroed, their state
+// at the start. The rows are fetched all at once first, then read with plain loads where all 16
+// lanes lie within head_dim: they are a tile's first reads, and masked ones ran at a fraction of
+// the rate from memory (AMD Zen 5: docs/speed.md).
+GPT2_KERNEL_AVX512 inline void init_rows(const AttentionTile<float>& t, TileScratch<float>& ts) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd);
   const __m512 scale = _mm512_set1_ps(t.scale);
-  for (Index d0 = 0; d0 < hdp; d0 += 16) {
-    const __mmask16 dm = lanes(d0, hd);
-    _mm512_store_ps(ts.qs + d0,
-                    _mm512_maskz_mul_round_ps(dm, _mm512_maskz_loadu_ps(dm, t.q + d0), scale,
-                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    _mm512_store_ps(ts.o + d0, _mm512_setzero_ps());
+  for (Index r = 0; r < t.rows; ++r) prefetch_span(t.q + r * t.ldq, hd * sizeof(float));
+  for (Index r = 0; r < t.rows; ++r) {
+    const float* q = t.q + r * t.ldq;
+    for (Index d0 = 0; d0 < hdp; d0 += 16) {
+      const __mmask16 dm = lanes(d0, hd);
+      const __m512 qd = d0 + 16 <= hd ? load16(q + d0) : load16(q + d0, dm);
+      // an explicit-rounding intrinsic: never fused into a later operation
+      _mm512_store_ps(ts.qs + r * hdp + d0,
+                      _mm512_maskz_mul_round_ps(dm, qd, scale,
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm512_store_ps(ts.o + r * hdp + d0, _mm512_setzero_ps());
+    }
+    ts.m[r] = -__builtin_inff();
+    ts.z[r] = 0.0f;
+    ts.l[r] = 0.0f;
   }
-  ts.m[0] = -__builtin_inff();
-  ts.z[0] = 0.0f;
-  ts.l[0] = 0.0f;
 }
 
 // The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end), keys
@@ -494,7 +503,7 @@ GPT2_KERNEL_AVX512 inline void row_partials_of(const AttentionTile<float>& t,
   TileScratch<float> ts(t.scratch, t.head_dim);
   const Index key_end = block_end * kKeyBlock, stride = partial_stride(t.head_dim);
   prefetch_decode_start(t, key_pages, value_pages, block_begin, key_end);
-  init_row(t, ts);
+  init_rows(t, ts);
   for (Index b = block_begin; b < block_end; ++b)
     decode_block(b * kKeyBlock, key_end, t, key_pages, value_pages, ts,
                  parts + (b - block_begin) * stride);
@@ -514,12 +523,19 @@ GPT2_KERNEL_AVX512 inline void row_partials_kv_bf16(const AttentionTile<float>& 
   row_partials_of(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
 }
 
+// out[0 .. head_dim) = o / l (plain stores where all 16 lanes lie within head_dim).
+GPT2_KERNEL_AVX512 inline void store_row(const float* o, float l, Index head_dim, float* out) {
+  const __m512 lv = _mm512_set1_ps(l);
+  Index d0 = 0;
+  for (; d0 + 16 <= head_dim; d0 += 16)
+    _mm512_storeu_ps(out + d0, _mm512_div_ps(_mm512_load_ps(o + d0), lv));
+  if (d0 < head_dim)
+    _mm512_mask_storeu_ps(out + d0, lanes(d0, head_dim), _mm512_div_ps(_mm512_load_ps(o + d0), lv));
+}
+
 // The tile's one row out: t.out = o / l (row 0's running state).
 GPT2_KERNEL_AVX512 inline void write_row(const AttentionTile<float>& t, TileScratch<float>& ts) {
-  const __m512 l = _mm512_set1_ps(ts.l[0]);
-  for (Index d0 = 0; d0 < t.head_dim; d0 += 16)
-    _mm512_mask_storeu_ps(t.out + d0, lanes(d0, t.head_dim),
-                          _mm512_div_ps(_mm512_load_ps(ts.o + d0), l));
+  store_row(ts.o, ts.l[0], t.head_dim, t.out);
 }
 
 // The tile's one row from its n_blocks partials (blocks 0 .., merged in order): t.out.
@@ -723,20 +739,7 @@ GPT2_KERNEL_AVX512 inline void transpose_queries(Index nb, const AttentionTile<f
 GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
   TileScratch<float> ts(t.scratch, hd);
-  const __m512 scale = _mm512_set1_ps(t.scale);
-  for (Index r = 0; r < nb; ++r) {
-    for (Index d0 = 0; d0 < hdp; d0 += 16) {
-      const __mmask16 dm = lanes(d0, hd);
-      // rounded on its own (an explicit-rounding intrinsic: never fused into a later operation)
-      _mm512_store_ps(ts.qs + r * hdp + d0,
-                      _mm512_maskz_mul_round_ps(dm, _mm512_maskz_loadu_ps(dm, t.q + r * t.ldq + d0),
-                                                scale, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      _mm512_store_ps(ts.o + r * hdp + d0, _mm512_setzero_ps());
-    }
-    ts.m[r] = -__builtin_inff();
-    ts.z[r] = 0.0f;
-    ts.l[r] = 0.0f;
-  }
+  init_rows(t, ts);
   if (nb == 1) {  // a decode step: block by block, each a partial merged in order
     const Index key_end = t.first_pos + 1, blocks = t.first_pos / kKeyBlock + 1;
     prefetch_decode_start(t, t.key_pages, t.value_pages, 0, key_end);
@@ -755,27 +758,35 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
   const float* vrow[kKeyBlock];
   const float* vpacked[kKeyBlock];
   for (Index j = 0; j < kKeyBlock; ++j) vpacked[j] = ts.vb + j * hdp;
+  const Index n_blocks = last / kKeyBlock + 1;
   for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
     const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
+    prefetch_next_queries(t, b0 / kKeyBlock, n_blocks);
     page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
     page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
     const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
     Index r = r_begin;
     if (row_vectors && nb - r_begin >= 16) {  // 16 rows or more see this block: rows in lanes
-      pack_values(vrow, n_blk, hd, ts.vb);
+      // p v reads the value rows in place when they are aligned (a workspace's or a cache's),
+      // else an aligned copy
+      const float* const* vsrc = vrow;
+      if (!rows_aligned(vrow, n_blk)) {
+        pack_values(vrow, n_blk, hd, ts.vb);
+        vsrc = vpacked;
+      }
       const Index groups = (nb + 15) / 16;
       BlockMax bm;
       scores_t_block(groups, b0, n_blk, r_begin, nb, krow, t, ts, bm);
       for (Index g = r_begin / 16; g < groups; ++g)
         block_softmax16(g, b0, n_blk, r_begin, nb, bm, t, ts);
       for (; r + kValueRows <= nb; r += kValueRows)
-        value_rows_all<kValueRows>(r, b0, vpacked, t, ts, 1, kTileMaxRows);
+        value_rows_all<kValueRows>(r, b0, vsrc, t, ts, 1, kTileMaxRows);
       switch (nb - r) {
-        case 5: value_rows_all<5>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
-        case 4: value_rows_all<4>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
-        case 3: value_rows_all<3>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
-        case 2: value_rows_all<2>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
-        case 1: value_rows_all<1>(r, b0, vpacked, t, ts, 1, kTileMaxRows); break;
+        case 5: value_rows_all<5>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
+        case 4: value_rows_all<4>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
+        case 3: value_rows_all<3>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
+        case 2: value_rows_all<2>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
+        case 1: value_rows_all<1>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
         default: break;
       }
       continue;
@@ -802,12 +813,7 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
       default: break;
     }
   }
-  for (Index r = 0; r < nb; ++r) {
-    const __m512 l = _mm512_set1_ps(ts.l[r]);
-    for (Index d0 = 0; d0 < hd; d0 += 16)
-      _mm512_mask_storeu_ps(t.out + r * t.ldo + d0, lanes(d0, hd),
-                            _mm512_div_ps(_mm512_load_ps(ts.o + r * hdp + d0), l));
-  }
+  for (Index r = 0; r < nb; ++r) store_row(ts.o + r * hdp, ts.l[r], hd, t.out + r * t.ldo);
 }
 
 }  // namespace gpt2::kernels::avx512
