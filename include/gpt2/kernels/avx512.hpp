@@ -382,6 +382,25 @@ GPT2_KERNEL_AVX512 inline __m512 kexp(__m512 x) {
   return _mm512_mask_mov_ps(result, nan, x);
 }
 
+// kexp(x) for x in [-inf, 0] (never NaN): the same bits without the steps that only values
+// outside that range need (the clamp at 88, NaN passed through).
+GPT2_KERNEL_AVX512 inline __m512 kexp_nonpositive(__m512 x) {
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  const __m512 y =
+      _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), y, n);
+}
+
 // In place: x_j = row[j] * scale; row[j] = softmax(x)_j for j < n; row[j] = 0 for n <= j < n_keys.
 GPT2_KERNEL_AVX512 inline void softmax_row(float* row, Index n, Index n_keys, float scale) {
   const __m512 s = _mm512_set1_ps(scale);
