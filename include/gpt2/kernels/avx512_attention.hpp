@@ -613,6 +613,17 @@ GPT2_KERNEL_AVX512 inline void scores_t(Index row0, Index j0, Index b0, Index ra
     const __m512i rel = relative_positions(gg, b0, t);
     __m512 mx = bm.mx[gg];
     __mmask16 nan = bm.nan[gg];
+    if (active == 0xFFFF && t.first_pos + 16 * gg - b0 >= j0 + J - 1) {
+      // all 16 rows see all J keys: every lane is visible (the same maxima, no masks to build)
+#pragma GCC unroll 8
+      for (int jj = 0; jj < J; ++jj) {
+        nan |= _mm512_cmp_ps_mask(acc[jj][g], acc[jj][g], _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, acc[jj][g]);
+      }
+      bm.mx[gg] = mx;
+      bm.nan[gg] = nan;
+      continue;
+    }
 #pragma GCC unroll 8
     for (int jj = 0; jj < J; ++jj) {
       const __mmask16 vis =
