@@ -357,35 +357,12 @@ GPT2_KERNEL_AVX512 inline void row_times_transposed(Index N, Index K, const floa
 
 // ---- softmax of one score row ----------------------------------------------------------------
 
-// kexp (dispatch.hpp's spec) of 16 floats: exp(x) within 2 ulp on [-87.3, 88]; 0 below
-// -87.33654; NaN stays NaN.
-GPT2_KERNEL_AVX512 inline __m512 kexp(__m512 x) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
-  const __m512 xc = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), xc);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-  const __m512 y =
-      _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  // y * 2^n in one rounded step (vscalefps: for n in [-126, 127], which the clamps above
-  // guarantee wherever the result is kept, exactly the product with 2^n)
-  __m512 result = _mm512_scalef_ps(y, n);
-  result = _mm512_mask_mov_ps(result, under, _mm512_setzero_ps());
-  return _mm512_mask_mov_ps(result, nan, x);
-}
-
-// kexp(x) for x in [-inf, 0] (never NaN): the same bits without the steps that only values
-// outside that range need (the clamp at 88, NaN passed through).
-GPT2_KERNEL_AVX512 inline __m512 kexp_nonpositive(__m512 x) {
-  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+// exp(x) = y * 2^n for x <= 88, before the scaling: n = round(x log2 e), y = exp(r) on
+// r = x - n ln 2 (ln 2 in two parts), Cephes' polynomial. kexp's and kexp_nonpositive's steps.
+struct ExpParts {
+  __m512 y, n;
+};
+GPT2_KERNEL_AVX512 inline ExpParts kexp_parts(__m512 x) {
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
@@ -396,9 +373,28 @@ GPT2_KERNEL_AVX512 inline __m512 kexp_nonpositive(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-  const __m512 y =
-      _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), y, n);
+  return {_mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f)), n};
+}
+
+// kexp (dispatch.hpp's spec) of 16 floats: exp(x) within 2 ulp on [-87.3, 88]; 0 below
+// -87.33654; NaN stays NaN.
+GPT2_KERNEL_AVX512 inline __m512 kexp(__m512 x) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+  const ExpParts e = kexp_parts(_mm512_min_ps(x, _mm512_set1_ps(88.0f)));
+  // y * 2^n in one rounded step (vscalefps: for n in [-126, 127], which the clamps above
+  // guarantee wherever the result is kept, exactly the product with 2^n)
+  __m512 result = _mm512_scalef_ps(e.y, e.n);
+  result = _mm512_mask_mov_ps(result, under, _mm512_setzero_ps());
+  return _mm512_mask_mov_ps(result, nan, x);
+}
+
+// kexp(x) for x in [-inf, 0] (never NaN): the same bits without the steps that only values
+// outside that range need (the clamp at 88, NaN passed through).
+GPT2_KERNEL_AVX512 inline __m512 kexp_nonpositive(__m512 x) {
+  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+  const ExpParts e = kexp_parts(x);
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), e.y, e.n);
 }
 
 // In place: x_j = row[j] * scale; row[j] = softmax(x)_j for j < n; row[j] = 0 for n <= j < n_keys.
