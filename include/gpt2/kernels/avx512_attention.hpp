@@ -576,6 +576,13 @@ GPT2_KERNEL_AVX512 inline __m512i relative_positions(Index g, Index b0,
                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
+// Whether every lane of row vector g takes part (active: rows [ra, nb)) and sees keys b0 ..
+// b0 + j: its first row, whose relative position is the least, sees b0 + j.
+GPT2_KERNEL_AVX512 inline bool all_lanes_see(__mmask16 active, Index g, Index b0, Index j,
+                                             const AttentionTile<float>& t) {
+  return active == 0xFFFF && t.first_pos + 16 * g - b0 >= j;
+}
+
 // st[j][row0 .. row0 + 16 G) = the scores of key j0 + jj (jj < J) against rows row0 .. row0 +
 // 16 G - 1 (qs^T in qt), and their visible ones (rows in [ra, nb)) into bm.
 template <int J, int G>
@@ -613,8 +620,7 @@ GPT2_KERNEL_AVX512 inline void scores_t(Index row0, Index j0, Index b0, Index ra
     const __m512i rel = relative_positions(gg, b0, t);
     __m512 mx = bm.mx[gg];
     __mmask16 nan = bm.nan[gg];
-    if (active == 0xFFFF && t.first_pos + 16 * gg - b0 >= j0 + J - 1) {
-      // all 16 rows see all J keys: every lane is visible (the same maxima, no masks to build)
+    if (all_lanes_see(active, gg, b0, j0 + J - 1, t)) {  // the same maxima, no masks to build
 #pragma GCC unroll 8
       for (int jj = 0; jj < J; ++jj) {
         nan |= _mm512_cmp_ps_mask(acc[jj][g], acc[jj][g], _CMP_UNORD_Q);
@@ -693,12 +699,12 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax16(
   __m512 lane_sum[16];
 #pragma GCC unroll 16
   for (int u = 0; u < 16; ++u) lane_sum[u] = zero;
-  // A block all 16 rows see whole (below the diagonal) with no NaN or +inf maximum: every s - z_b
-  // lies in [-inf, 0], so the visibility masks and kexp's range steps change nothing there.
-  const bool whole = active == 0xFFFF && t.first_pos + 16 * g - b0 >= n_blk - 1 &&
+  // A full block all 16 rows see whole (below the diagonal) with no NaN or +inf maximum: every
+  // s - z_b lies in [-inf, 0], so the visibility masks and kexp's range steps change nothing there.
+  const bool whole = n_blk == kKeyBlock && all_lanes_see(active, g, b0, n_blk - 1, t) &&
                      bm.nan[g] == 0 &&
                      _mm512_cmp_ps_mask(mb, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ) == 0;
-  if (whole && n_blk == kKeyBlock) {
+  if (whole) {
     for (Index j0 = 0; j0 < kKeyBlock; j0 += 16) {
 #pragma GCC unroll 16
       for (int u = 0; u < 16; ++u) {
