@@ -3,6 +3,7 @@
 // whole-sequence forward. The PyTorch past_key_values cases are in test_reference_incremental.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <random>
 #include <type_traits>
@@ -514,6 +515,51 @@ TEST(KVCacheKeyBlocks, SplitDecodeStepsOverThreadsAreBitwise) {
       std::vector<Index> split(T_ - 450, 1);
       split.insert(split.begin(), 450);
       EXPECT_TRUE(run_chunked<float>(w, x, split) == whole);
+    }
+    gpt2::set_num_threads(threads_before);
+  }
+}
+
+// A decode step on 2 or more threads with at least as many heads as threads runs in one parallel
+// region (qkv, then each head's cache rows and attention on one thread, then the projection):
+// the bits of the one-thread steps and of the whole-sequence forward, out and cache alike, on 1
+// to 4 threads, with out the same storage as x, and with a head_dim that ends mid-vector (20).
+TYPED_TEST(KVCacheTest, DecodeStepsInOneRegionAreBitwise) {
+  using T = TypeParam;
+  const bool exact = gpt2::detail::row_exact_projections<T>();
+  const int threads_before = gpt2::num_threads();
+  for (const Index C : {Index{256}, Index{80}}) {
+    const Model<T> m = random_model<T>(C, 4, 31);
+    const gpt2::AttentionWeights<T> w = m.weights();
+    const Index T_ = 200, prompt = 130;
+    const RowMatrix<T> x = random_input<T>(T_, C, 32);
+    RowMatrix<T> whole(T_, C);
+    gpt2::Workspace<T> whole_ws(m.config);
+    KVCache<T> whole_cache(m.config, T_);
+    gpt2::attention_forward<T>(w, x, whole_cache, whole_ws, whole);
+    for (const int threads : {1, 2, 3, 4}) {
+      SCOPED_TRACE("C " + std::to_string(C) + ", " + std::to_string(threads) + " threads");
+      gpt2::set_num_threads(threads);
+      KVCache<T> cache(m.config, T_);
+      gpt2::Workspace<T> ws(m.config);
+      RowMatrix<T> out = x;  // each step writes its row over its input
+      gpt2::attention_forward<T>(w, x.topRows(prompt), cache, ws, out.topRows(prompt));
+      for (Index t = prompt; t < T_; ++t)
+        gpt2::attention_forward<T>(w, out.row(t), cache, ws, out.row(t));
+      ASSERT_EQ(cache.n_past(), T_);
+      if (exact) {
+        EXPECT_TRUE(out == whole);
+        for (Index h = 0; h < 4; ++h) {
+          EXPECT_TRUE(cache.keys(h) == whole_cache.keys(h)) << "head " << h;
+          EXPECT_TRUE(cache.values(h) == whole_cache.values(h)) << "head " << h;
+          if (const T* blocks = cache.transposed_key_blocks(h)) {
+            const Index n = (T_ + 63) / 64 * 64 * (C / 4);
+            EXPECT_TRUE(std::equal(blocks, blocks + n, whole_cache.transposed_key_blocks(h)))
+                << "head " << h;
+          }
+        }
+      }
+      EXPECT_TRUE(near(out, whole, kChunkTolerance<T>));
     }
     gpt2::set_num_threads(threads_before);
   }

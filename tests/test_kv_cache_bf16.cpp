@@ -6,6 +6,7 @@
 // float32 and bf16 weights. Accuracy against PyTorch is in test_reference_bf16.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -281,6 +282,44 @@ TEST_P(KVCacheBF16Forward, DecodeWithBF16WeightsIsTheRoundedKVForward) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, KVCacheBF16Forward, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Decode steps on 2 or more threads with at least as many heads as threads run in one parallel
+// region (qkv; each head's rounded cache rows, partials and merge on one thread; the projection):
+// the rounded-KV forward's bits and the same cache bits on 1 to 4 threads, with float32 and bf16
+// weights.
+TEST(KVCacheBF16, DecodeStepsInOneRegionAreBitwiseOnAnyThreadCount) {
+  const int threads_before = gpt2::num_threads();
+  const auto model = random_model<float>(256, 4, 24);
+  for (const gpt2::WeightDtype dtype : {gpt2::WeightDtype::float32, gpt2::WeightDtype::bf16}) {
+    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights(), dtype);
+    const RowMatrix<float> x = random_input<float>(230, 256, 25);
+    const RowMatrix<float> expected = rounded_kv_reference(w, x, nullptr);
+    std::vector<Index> chunks{150};
+    chunks.resize(81, 1);
+    KVCacheBF16 first({256, 4}, 0);
+    for (const int threads : {1, 2, 3, 4}) {
+      SCOPED_TRACE(::testing::Message() << threads << " threads, bf16 weights "
+                                        << (dtype == gpt2::WeightDtype::bf16));
+      gpt2::set_num_threads(threads);
+      KVCacheBF16 cache({256, 4}, 0);
+      const RowMatrix<float> out = run_chunked(w, x, chunks, nullptr, &cache);
+      EXPECT_TRUE(same(out.bottomRows(80), expected.bottomRows(80)));
+      if (threads == 1) {
+        first = std::move(cache);
+        continue;
+      }
+      for (Index h = 0; h < 4; ++h) {
+        EXPECT_TRUE(cache.key_bits(h) == first.key_bits(h)) << "head " << h;
+        EXPECT_TRUE(cache.value_bits(h) == first.value_bits(h)) << "head " << h;
+        const Index n = (230 + 63) / 64 * 64 * 64;
+        EXPECT_TRUE(std::equal(cache.transposed_key_blocks(h), cache.transposed_key_blocks(h) + n,
+                               first.transposed_key_blocks(h)))
+            << "head " << h;
+      }
+    }
+    gpt2::set_num_threads(threads_before);
+  }
+}
 
 // The bf16 cache against a float32 cache: the only difference is the rounding of k and v, so the
 // outputs agree to about bf16's precision (2^-8 relative on each key and value).

@@ -206,6 +206,53 @@ TEST(ParallelTasks, RethrowsTheFirstExceptionAfterAllThreadsStop) {
   }
 }
 
+// The steps of one region follow one another: every task of a step sees every task of the
+// earlier steps done (here each task of step 2 sums all of step 1's writes).
+TEST(ParallelSteps, RunEveryTaskOnceStepAfterStep) {
+  for (const int n_threads : {1, 2, 4}) {
+    const Index n = 37;
+    std::vector<std::atomic<int>> first(static_cast<std::size_t>(n)), second(static_cast<std::size_t>(n));
+    std::vector<int> sums(static_cast<std::size_t>(n), -1);
+    std::atomic<int> bad_thread{0};
+    gpt2::detail::parallel_steps(n_threads, [&](const gpt2::detail::Team& team) {
+      team.tasks(n, [&](Index task, int thread) {
+        first[static_cast<std::size_t>(task)] += static_cast<int>(task);
+        if (thread < 0 || thread >= n_threads) bad_thread++;
+      });
+      team.tasks(n, [&](Index task, int thread) {
+        int sum = 0;
+        for (const std::atomic<int>& f : first) sum += f;
+        sums[static_cast<std::size_t>(task)] = sum;
+        second[static_cast<std::size_t>(task)]++;
+        if (thread != team.thread()) bad_thread++;
+      });
+    });
+    for (Index t = 0; t < n; ++t) {
+      EXPECT_EQ(first[static_cast<std::size_t>(t)], t);
+      EXPECT_EQ(second[static_cast<std::size_t>(t)], 1);
+      EXPECT_EQ(sums[static_cast<std::size_t>(t)], n * (n - 1) / 2);
+    }
+    EXPECT_EQ(bad_thread, 0);
+  }
+}
+
+// A task that throws: the later steps' tasks never start, and the exception comes out of
+// parallel_steps once every thread has stopped.
+TEST(ParallelSteps, RethrowTheFirstExceptionAndSkipTheLaterSteps) {
+  for (const int n_threads : {1, 2}) {
+    std::atomic<int> later{0};
+    EXPECT_THROW(gpt2::detail::parallel_steps(n_threads,
+                                              [&](const gpt2::detail::Team& team) {
+                                                team.tasks(100, [&](Index task, int) {
+                                                  if (task == 3) throw std::runtime_error("task 3");
+                                                });
+                                                team.tasks(100, [&](Index, int) { later++; });
+                                              }),
+                 std::runtime_error);
+    EXPECT_EQ(later, 0);
+  }
+}
+
 TEST(ColumnPart, CoversTheRangeWithAlignedBoundaries) {
   for (const Index n : {Index(0), Index(1), Index(24), Index(768), Index(2304), Index(1000)})
     for (const Index parts : {Index(1), Index(2), Index(3), Index(7)}) {

@@ -64,27 +64,40 @@ inline constexpr Index kProjectionRowSplit = 64;
 // does not depend on n_threads. packed: weight in the panel layout, or null (pack_weights). out
 // must not overlap x or weight.
 // PyTorch: torch.addmm(bias, x, weight)
+//
+// projection_parts: the number of parts (at most n_threads); projection_part: part `part` of them
+// on thread `thread`.
+template <class T>
+Index projection_parts(const Workspace<T>& ws, int n_threads) {
+  return std::min<Index>(n_threads, ws.thread_capacity());
+}
+template <class T>
+void projection_part(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& weight,
+                     const PackedMatrix* packed, const ConstVectorMap<T>& bias, MatrixRef<T>& out,
+                     Workspace<T>& ws, Index part, Index parts, int thread) {
+  const Index N = weight.cols(), M = x.rows();
+  const bool by_rows = parts > 1 && vector_kernels<T>() != nullptr && M >= kProjectionRowSplit * parts;
+  GemmScratch<T>& gemm = ws.threads[static_cast<std::size_t>(thread)].gemm;
+  if (by_rows) {
+    const ColumnRange rows = column_part(M, part, parts, 1);
+    if (rows.size() == 0) return;
+    MatrixRef<T> out_part = out.middleRows(rows.begin, rows.size());
+    projection_columns<T>(x.middleRows(rows.begin, rows.size()), weight, packed, bias, 0, N,
+                          out_part, gemm);
+    return;
+  }
+  const ColumnRange cols = column_part(N, part, parts, kProjectionColumnAlign);
+  if (cols.size() == 0) return;
+  MatrixRef<T> out_part = out.middleCols(cols.begin, cols.size());
+  projection_columns<T>(x, weight, packed, bias, cols.begin, cols.size(), out_part, gemm);
+}
 template <class T>
 void projection_parallel(const ConstMatrixRef<T>& x, const ConstMatrixRef<T>& weight,
                          const PackedMatrix* packed, const ConstVectorMap<T>& bias,
                          MatrixRef<T>& out, Workspace<T>& ws, int n_threads) {
-  const Index N = weight.cols(), M = x.rows();
-  const Index parts = std::min<Index>(n_threads, ws.thread_capacity());
-  const bool by_rows = parts > 1 && vector_kernels<T>() != nullptr && M >= kProjectionRowSplit * parts;
+  const Index parts = projection_parts(ws, n_threads);
   parallel_tasks(parts, static_cast<int>(parts), [&](Index part, int thread) {
-    GemmScratch<T>& gemm = ws.threads[static_cast<std::size_t>(thread)].gemm;
-    if (by_rows) {
-      const ColumnRange rows = column_part(M, part, parts, 1);
-      if (rows.size() == 0) return;
-      MatrixRef<T> out_part = out.middleRows(rows.begin, rows.size());
-      projection_columns<T>(x.middleRows(rows.begin, rows.size()), weight, packed, bias, 0, N,
-                            out_part, gemm);
-      return;
-    }
-    const ColumnRange cols = column_part(N, part, parts, kProjectionColumnAlign);
-    if (cols.size() == 0) return;
-    MatrixRef<T> out_part = out.middleCols(cols.begin, cols.size());
-    projection_columns<T>(x, weight, packed, bias, cols.begin, cols.size(), out_part, gemm);
+    projection_part<T>(x, weight, packed, bias, out, ws, part, parts, thread);
   });
 }
 

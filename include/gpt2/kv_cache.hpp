@@ -181,17 +181,32 @@ class KVStorage {
   // fit. Allocates nothing.
   template <class S, class Put>
   void append_rows(const ConstMatrixRef<S>& k, const ConstMatrixRef<S>& v, Put put) {
-    const Index n = k.rows(), C = config_.n_embd, hd = config_.head_dim();
+    const Index n = k.rows(), C = config_.n_embd;
     check_shape("k", {n, C}, {k.rows(), k.cols()});
     check_shape("v", {n, C}, {v.rows(), v.cols()});
     check_room(n);
-    for (Index h = 0; h < config_.n_head; ++h)
-      for (Index i = 0; i < n; ++i) {
-        put(k.row(i).data() + h * hd, hd, row_of(keys_, h, n_past_ + i));
-        put(v.row(i).data() + h * hd, hd, row_of(values_, h, n_past_ + i));
-        transpose_key(h, n_past_ + i);
-      }
+    for (Index h = 0; h < config_.n_head; ++h) put_head_rows<S>(h, n_past_, k, v, put);
     n_past_ += n;
+  }
+
+  // append_rows in two steps, for a forward that writes the heads on several threads: grow(n)
+  // counts n more positions as cached (CapacityError, nothing changed, when they do not fit), then
+  // put_head_rows(h, p, k, v, put) writes head h's rows of positions p .. p + n - 1 from k, v
+  // [n, C] (shapes checked by the caller), heads on any threads. Until a head's rows are written
+  // they hold whatever was there: nothing may read them before.
+  void grow(Index n) {
+    check_room(n);
+    n_past_ += n;
+  }
+  template <class S, class Put>
+  void put_head_rows(Index h, Index p, const ConstMatrixRef<S>& k, const ConstMatrixRef<S>& v,
+                     Put put) {
+    const Index hd = config_.head_dim();
+    for (Index i = 0; i < k.rows(); ++i) {
+      put(k.row(i).data() + h * hd, hd, row_of(keys_, h, p + i));
+      put(v.row(i).data() + h * hd, hd, row_of(values_, h, p + i));
+      transpose_key(h, p + i);
+    }
   }
 
   // The same from k, v [n_head * n, head_dim] given head by head (Hugging Face's past_key_values
@@ -258,6 +273,10 @@ class KVStorage {
 // sequence, one thread at a time. Copying is explicit (copy(), copy_from()): a cache is megabytes.
 // config(), capacity(), n_past(), bytes(), remaining(), reset(), truncate(n), check_room(n),
 // key_storage(), value_storage(): detail::KVStorage's, above.
+namespace detail {
+struct KVCacheAccess;
+}  // namespace detail
+
 template <class T>
 class KVCache : public detail::KVStorage<T> {
   using Base = detail::KVStorage<T>;
@@ -305,7 +324,28 @@ class KVCache : public detail::KVStorage<T> {
   }
 
  private:
+  friend struct detail::KVCacheAccess;
   static void copy_row(const T* src, Index n, T* dst) { std::copy_n(src, n, dst); }
+  static constexpr auto put_row = copy_row;  // how a row is stored (detail::KVCacheAccess)
 };
+
+namespace detail {
+
+// What the cached forwards (incremental.hpp, incremental_bf16.hpp) use to append a decode step's
+// keys and values head by head on the threads that attend those heads: KVStorage::grow and
+// put_head_rows, with the cache's own way of storing a row (Cache::put_row). S: the scalar of k, v.
+struct KVCacheAccess {
+  template <class Cache>
+  static void grow(Cache& cache, Index n) {
+    cache.grow(n);
+  }
+  template <class S, class Cache>
+  static void put_head_rows(Cache& cache, Index h, Index p, const ConstMatrixRef<S>& k,
+                            const ConstMatrixRef<S>& v) {
+    cache.template put_head_rows<S>(h, p, k, v, Cache::put_row);
+  }
+};
+
+}  // namespace detail
 
 }  // namespace gpt2

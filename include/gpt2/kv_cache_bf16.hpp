@@ -81,9 +81,11 @@ class KVCacheBF16 : public detail::KVStorage<std::uint16_t> {
   }
 
  private:
+  friend struct detail::KVCacheAccess;
   static void round_row(const float* x, Index n, Bits* out) {
     for (Index d = 0; d < n; ++d) out[d] = kernels::round_to_bf16(x[d]);
   }
+  static constexpr auto put_row = round_row;  // how a row is stored (detail::KVCacheAccess)
   static RowMatrix<float> widened(const ConstBitsRef& bits) {
     RowMatrix<float> out(bits.rows(), bits.cols());
     for (Index i = 0; i < bits.rows(); ++i)

@@ -54,6 +54,83 @@ void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
 #endif
 }
 
+// Steps that follow one another on the same threads, in one parallel region (a region's start
+// and end cost a few microseconds each, a barrier inside one less: a decode step's three steps
+// pay for one). parallel_steps(n_threads, f) calls f(team) on each of up to n_threads threads
+// (f must be safe to call concurrently); inside, team.tasks(n, g) runs g(task, thread) for every
+// task in [0, n), handed out one at a time in increasing order, and returns once every thread
+// has finished its tasks (a barrier). Every thread must make the same team.tasks calls in the same
+// order. If a task throws, the tasks not yet started, in this step and the later ones, are skipped
+// and the first exception is rethrown by parallel_steps once every thread has stopped.
+class Team {
+ public:
+  int thread() const { return thread_; }
+
+  template <class G>
+  void tasks(Index n_tasks, const G& g) const {
+#ifdef _OPENMP
+    if (threads_ > 1) {
+#pragma omp for schedule(dynamic, 1)
+      for (Index task = 0; task < n_tasks; ++task) run(task, g);
+      return;  // (the end of the loop is a barrier)
+    }
+#endif
+    for (Index task = 0; task < n_tasks; ++task) run(task, g);
+  }
+
+ private:
+  template <class F>
+  friend void parallel_steps(int n_threads, const F& f);
+  struct Failure {
+    bool failed = false;
+    std::exception_ptr error;
+  };
+  Team(int thread, int threads, Failure* failure)
+      : thread_(thread), threads_(threads), failure_(failure) {}
+
+  template <class G>
+  void run(Index task, const G& g) const {
+    bool skip;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+    skip = failure_->failed;
+    if (skip) return;
+    try {
+      g(task, thread_);
+    } catch (...) {
+#ifdef _OPENMP
+#pragma omp critical(gpt2_parallel_steps_error)
+#endif
+      if (!failure_->error) failure_->error = std::current_exception();
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+      failure_->failed = true;
+    }
+  }
+
+  int thread_, threads_;
+  Failure* failure_;
+};
+
+template <class F>
+void parallel_steps(int n_threads, const F& f) {
+  Team::Failure failure;
+  const int threads = std::max(n_threads, 1);
+#ifdef _OPENMP
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    f(Team(omp_get_thread_num(), omp_get_num_threads(), &failure));
+  } else {
+    f(Team(0, 1, &failure));
+  }
+#else
+  f(Team(0, 1, &failure));
+#endif
+  if (failure.error) std::rethrow_exception(failure.error);
+}
+
 // Columns [begin, end) of part `part` of n_parts near-equal parts of [0, n), with every boundary
 // but n a multiple of `align` (so each part starts where a vectorized loop over [0, n) would
 // have a packet boundary). Trailing parts may be empty.
