@@ -3,9 +3,12 @@
 // per-thread scratch when the thread count grows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "gpt2/attention.hpp"
@@ -13,6 +16,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 #include "support/models.hpp"
+#include "support/thread_count.hpp"
 
 namespace {
 
@@ -22,16 +26,7 @@ using gpt2::test::error_of;
 using gpt2::test::Model;
 using gpt2::test::random_input;
 using gpt2::test::random_model;
-
-// Restores the calling thread's thread count at the end of a test.
-class ThreadCount {
- public:
-  ThreadCount() : saved_(gpt2::num_threads()) {}
-  ~ThreadCount() { gpt2::set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using gpt2::test::ThreadCount;
 
 // The thread counts a test compares: 1, 2 and 3 (more threads than this 2-core machine has, and
 // an odd split of the columns) with OpenMP; 1 only without it.
@@ -214,10 +209,14 @@ TEST(ParallelSteps, RunEveryTaskOnceStepAfterStep) {
     std::vector<std::atomic<int>> first(static_cast<std::size_t>(n)), second(static_cast<std::size_t>(n));
     std::vector<int> sums(static_cast<std::size_t>(n), -1);
     std::atomic<int> bad_thread{0};
+    std::vector<std::atomic<int>> ran(static_cast<std::size_t>(n_threads));
     gpt2::detail::parallel_steps(n_threads, [&](const gpt2::detail::Team& team) {
       team.tasks(n, [&](Index task, int thread) {
+        // slow tasks: every thread takes some, and a missing barrier lets step 2 start early
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
         first[static_cast<std::size_t>(task)] += static_cast<int>(task);
         if (thread < 0 || thread >= n_threads) bad_thread++;
+        else ran[static_cast<std::size_t>(thread)]++;
       });
       team.tasks(n, [&](Index task, int thread) {
         int sum = 0;
@@ -233,6 +232,11 @@ TEST(ParallelSteps, RunEveryTaskOnceStepAfterStep) {
       EXPECT_EQ(sums[static_cast<std::size_t>(t)], n * (n - 1) / 2);
     }
     EXPECT_EQ(bad_thread, 0);
+    int threads_that_ran = 0;
+    for (const std::atomic<int>& r : ran) threads_that_ran += r > 0;
+#ifdef _OPENMP
+    if (n_threads > 1 && omp_get_thread_limit() > 1) EXPECT_GE(threads_that_ran, 2) << n_threads;
+#endif
   }
 }
 

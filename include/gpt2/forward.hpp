@@ -64,9 +64,8 @@ inline constexpr Index kProjectionRowSplit = 64;
 // does not depend on n_threads. packed: weight in the panel layout, or null (pack_weights). out
 // must not overlap x or weight.
 // PyTorch: torch.addmm(bias, x, weight)
-//
-// projection_parts: the number of parts (at most n_threads); projection_part: part `part` of them
-// on thread `thread`.
+// (projection_parts: how many parts, at most n_threads; projection_part: part `part` of them, on
+// thread `thread`: what projection_parallel runs on each, and a decode step's region too.)
 template <class T>
 Index projection_parts(const Workspace<T>& ws, int n_threads) {
   return std::min<Index>(n_threads, ws.thread_capacity());

@@ -268,15 +268,15 @@ class KVStorage {
 
 }  // namespace detail
 
+namespace detail {
+struct KVCacheAccess;  // below
+}  // namespace detail
+
 // Owns keys and values [n_head, capacity, head_dim]; rows 0 .. n_past - 1 of each head are the
 // cached positions. Allocates only in its constructor and in copy(). Not thread-safe: one
 // sequence, one thread at a time. Copying is explicit (copy(), copy_from()): a cache is megabytes.
 // config(), capacity(), n_past(), bytes(), remaining(), reset(), truncate(n), check_room(n),
 // key_storage(), value_storage(): detail::KVStorage's, above.
-namespace detail {
-struct KVCacheAccess;
-}  // namespace detail
-
 template <class T>
 class KVCache : public detail::KVStorage<T> {
   using Base = detail::KVStorage<T>;

@@ -61,7 +61,8 @@ void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
 // task in [0, n), handed out one at a time in increasing order, and returns once every thread
 // has finished its tasks (a barrier). Every thread must make the same team.tasks calls in the same
 // order. If a task throws, the tasks not yet started, in this step and the later ones, are skipped
-// and the first exception is rethrown by parallel_steps once every thread has stopped.
+// and the first exception is rethrown by parallel_steps once every thread has stopped. f itself,
+// outside its tasks, must not throw (an exception may not leave an OpenMP region: terminate).
 class Team {
  public:
   int thread() const { return thread_; }
