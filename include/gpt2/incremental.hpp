@@ -74,16 +74,41 @@ void attend_cached(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
       [&](Index h) { return cache.transposed_key_blocks(h); });
 }
 
+// A decode step's one parallel region (x [1, C]) on n_threads threads: the qkv product's column
+// parts (ws.qkv's first row, [1, 3C]), then head_step(h, thread) for every head (it must leave head
+// h's slot of ws.merged's first row, [1, C], written), then the output projection's column parts
+// (out [1, C]), each step after a barrier. The qkv and projection parts are projection_parallel's.
+template <class T, class HeadStep>
+void decode_step_region(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
+                        Workspace<T>& ws, MatrixRef<T>& out, int n_threads,
+                        const HeadStep& head_step) {
+  MatrixRef<T> qkv = ws.qkv.topRows(1);
+  const ConstMatrixRef<T> merged = ws.merged.topRows(1);
+  use_weight_dtype(ws, w.weight_dtype());
+  const Index parts = projection_parts(ws, n_threads);
+  parallel_steps(n_threads, [&](const Team& team) {
+    team.tasks(parts, [&](Index part, int thread) {  // qkv = x @ c_attn.weight + c_attn.bias
+      projection_part<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(), qkv, ws,
+                         part, parts, thread);
+    });
+    team.tasks(w.n_head(), head_step);
+    team.tasks(parts, [&](Index part, int thread) {  // out = merged @ c_proj.weight + c_proj.bias
+      projection_part<T>(merged, w.c_proj_weight(), w.packed_c_proj_weight(), w.c_proj_bias(), out,
+                         ws, part, parts, thread);
+    });
+  });
+}
+
 // A decode step (x [1, C] at position n_past; no probabilities) on n_threads >= 2 threads in one
-// parallel region whose steps are the three regions of the general path: the qkv product's column
-// parts (qkv [1, 3C]); the heads, each one's key and value rows written into the cache (grown by
-// one position first) by the thread that then attends that head (merged [1, C]); the output
-// projection's column parts (out [1, C]). The same parts, kernels and order as the general path,
-// so the same bits; the step pays for one region's start and end and two barriers instead of
-// three regions and a serial append. Returns false, with nothing done, when the step is not one
-// (a step with fewer heads than threads splits its keys over the threads instead:
-// split_decode_step). Shapes checked and the workspace grown before; if anything throws, the
-// cache is rolled back to n_past positions.
+// parallel region (decode_step_region) whose steps are the three regions of the general path: the
+// qkv product's column parts; the heads, each one's key and value rows written into the cache
+// (grown by one position first) by the thread that then attends that head; the output
+// projection's column parts. The same parts, kernels and order as the general path, so the same
+// bits; the step pays for one region's start and end and two barriers instead of three regions
+// and a serial append. Returns false, with nothing done, when the step is not one (a step with
+// fewer heads than threads splits its keys over the threads instead: split_decode_step). Shapes
+// checked and the workspace grown before; if anything throws, the cache is rolled back to n_past
+// positions.
 template <class T>
 bool decode_step_in_one_region(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
                                KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T>& out,
@@ -91,33 +116,20 @@ bool decode_step_in_one_region(const AttentionWeights<T>& w, const ConstMatrixRe
   const AttentionConfig& config = w.config();
   const Index C = config.n_embd, n_head = config.n_head, p = cache.n_past();  // p: x's position
   if (x.rows() != 1 || n_threads < 2 || n_head < n_threads) return false;
-  MatrixRef<T> qkv = ws.qkv.topRows(1);
+  const ConstMatrixRef<T> qkv = ws.qkv.topRows(1);
   MatrixRef<T> merged = ws.merged.topRows(1);
-  const ConstMatrixRef<T> qkv_read = qkv, merged_read = merged;
   KVCacheAccess::grow(cache, 1);  // keys(h), values(h): p + 1 rows, row p written below
   try {
     for (Index h = 0; h < n_head; ++h)  // every check before any thread starts
-      check_attention_head<T>(q_view(qkv_read, config, h), cache.keys(h), cache.values(h),
+      check_attention_head<T>(q_view(qkv, config, h), cache.keys(h), cache.values(h),
                               head_slot(merged, config, h), nullptr);
-    use_weight_dtype(ws, w.weight_dtype());
-    const Index parts = projection_parts(ws, n_threads);
-    parallel_steps(n_threads, [&](const Team& team) {
-      team.tasks(parts, [&](Index part, int thread) {  // qkv = x @ c_attn.weight + c_attn.bias
-        projection_part<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(), qkv,
-                           ws, part, parts, thread);
-      });
-      team.tasks(n_head, [&](Index h, int thread) {  // head h: its cache row p, then its slot
-        KVCacheAccess::put_head_rows<T>(cache, h, p, qkv_read.middleCols(C, C),
-                                        qkv_read.middleCols(2 * C, C));
-        MatrixRef<T> y = head_slot(merged, config, h);
-        attention_row_tile<T>(q_view(qkv_read, config, h), cache.keys(h), cache.values(h), 0, 1,
-                              y, nullptr, ws.threads[static_cast<std::size_t>(thread)].attention,
-                              cache.transposed_key_blocks(h));
-      });
-      team.tasks(parts, [&](Index part, int thread) {  // out = merged @ c_proj.weight + c_proj.bias
-        projection_part<T>(merged_read, w.c_proj_weight(), w.packed_c_proj_weight(),
-                           w.c_proj_bias(), out, ws, part, parts, thread);
-      });
+    decode_step_region<T>(w, x, ws, out, n_threads, [&](Index h, int thread) {
+      // head h: its cache row p, then its slot of merged
+      KVCacheAccess::put_head_rows<T>(cache, h, p, qkv.middleCols(C, C), qkv.middleCols(2 * C, C));
+      MatrixRef<T> y = head_slot(merged, config, h);
+      attention_row_tile<T>(q_view(qkv, config, h), cache.keys(h), cache.values(h), 0, 1, y,
+                            nullptr, ws.threads[static_cast<std::size_t>(thread)].attention,
+                            cache.transposed_key_blocks(h));
     });
   } catch (...) {
     cache.truncate(p);

@@ -230,14 +230,14 @@ inline void attend_cached(const AttentionConfig& config, const ConstMatrixRef<fl
 }
 
 // A decode step (x [1, C] at position n_past; no probabilities) on n_threads >= 2 threads in one
-// parallel region, at a level that reads the bf16 cache in place, with at least as many heads as
-// threads (each head's keys on one thread): the qkv product's column parts (qkv [1, 3C]); then each
-// head on one thread, its key and value rows rounded into the cache (grown by one position first),
-// its partials over every key block and their merge into its slot of merged [1, C]; then the
-// output projection's column parts (out [1, C]). The parts, kernels and merge order of the general
-// path (attend_decode_bf16 with one chunk per head), so the same bits. Returns false, with nothing
-// done, when the step is not one. Shapes checked and the workspace grown before; if anything
-// throws, the cache is rolled back to n_past positions.
+// parallel region (decode_step_region), at a level that reads the bf16 cache in place, with at
+// least as many heads as threads (each head's keys on one thread): the qkv product's column
+// parts; then each head on one thread, its key and value rows rounded into the cache (grown by
+// one position first), its partials over every key block and their merge into its slot of
+// merged; then the output projection's column parts. The parts, kernels and merge order of the
+// general path (attend_decode_bf16 with one chunk per head), so the same bits. Returns false,
+// with nothing done, when the step is not one. Shapes checked and the workspace grown before; if
+// anything throws, the cache is rolled back to n_past positions.
 inline bool decode_step_in_one_region_bf16(const AttentionWeights<float>& w,
                                            const ConstMatrixRef<float>& x, KVCacheBF16& cache,
                                            Workspace<float>& ws, MatrixRef<float>& out,
@@ -247,36 +247,24 @@ inline bool decode_step_in_one_region_bf16(const AttentionWeights<float>& w,
   const Index p = cache.n_past();  // x's position
   const kernels::FloatKernels* in_place = bf16_cache_kernels();
   if (x.rows() != 1 || n_threads < 2 || n_head < n_threads || in_place == nullptr) return false;
-  MatrixRef<float> qkv = ws.qkv.topRows(1);
+  const ConstMatrixRef<float> qkv = ws.qkv.topRows(1);
   MatrixRef<float> merged = ws.merged.topRows(1);
-  const ConstMatrixRef<float> qkv_read = qkv, merged_read = merged;
   KVCacheAccess::grow(cache, 1);  // key_bits(h), value_bits(h): p + 1 rows, row p written below
   const Index n_keys = p + 1, n_blocks = (n_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock;
   const Index stride = kernels::partial_stride(hd);
   float* parts = ws.partials();  // [n_head][n_blocks][stride]
   try {
-    use_weight_dtype(ws, w.weight_dtype());
-    const Index proj_parts = projection_parts(ws, n_threads);
-    parallel_steps(n_threads, [&](const Team& team) {
-      team.tasks(proj_parts, [&](Index part, int thread) {  // qkv = x @ c_attn.weight + c_attn.bias
-        projection_part<float>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(),
-                               qkv, ws, part, proj_parts, thread);
-      });
-      team.tasks(n_head, [&](Index h, int thread) {  // head h: its cache row p, then its slot
-        KVCacheAccess::put_head_rows<float>(cache, h, p, qkv_read.middleCols(C, C),
-                                            qkv_read.middleCols(2 * C, C));
-        AttentionScratch<float>& scratch = ws.threads[static_cast<std::size_t>(thread)].attention;
-        float* head_parts = parts + h * n_blocks * stride;
-        row_partials_kv_bf16(*in_place, q_view(qkv_read, config, h), cache.key_bits(h),
-                             cache.value_bits(h), 0, n_blocks, head_parts, scratch,
-                             cache.transposed_key_blocks(h));
-        merge_row_partials<float>(hd, n_keys, head_parts, head_slot(merged, config, h).data(),
-                                  scratch);
-      });
-      team.tasks(proj_parts, [&](Index part, int thread) {  // out = merged @ c_proj.weight + ..
-        projection_part<float>(merged_read, w.c_proj_weight(), w.packed_c_proj_weight(),
-                               w.c_proj_bias(), out, ws, part, proj_parts, thread);
-      });
+    decode_step_region<float>(w, x, ws, out, n_threads, [&](Index h, int thread) {
+      // head h: its cache row p, its partials, then its slot of merged
+      KVCacheAccess::put_head_rows<float>(cache, h, p, qkv.middleCols(C, C),
+                                          qkv.middleCols(2 * C, C));
+      AttentionScratch<float>& scratch = ws.threads[static_cast<std::size_t>(thread)].attention;
+      float* head_parts = parts + h * n_blocks * stride;
+      row_partials_kv_bf16(*in_place, q_view(qkv, config, h), cache.key_bits(h),
+                           cache.value_bits(h), 0, n_blocks, head_parts, scratch,
+                           cache.transposed_key_blocks(h));
+      merge_row_partials<float>(hd, n_keys, head_parts, head_slot(merged, config, h).data(),
+                                scratch);
     });
   } catch (...) {
     cache.truncate(p);
