@@ -235,7 +235,9 @@ TEST(ParallelSteps, RunEveryTaskOnceStepAfterStep) {
     int threads_that_ran = 0;
     for (const std::atomic<int>& r : ran) threads_that_ran += r > 0;
 #ifdef _OPENMP
-    if (n_threads > 1 && omp_get_thread_limit() > 1) EXPECT_GE(threads_that_ran, 2) << n_threads;
+    if (n_threads > 1 && omp_get_thread_limit() > 1) {
+      EXPECT_GE(threads_that_ran, 2) << n_threads;
+    }
 #endif
   }
 }
