@@ -75,6 +75,8 @@ class Team {
       for (Index task = 0; task < n_tasks; ++task) run(task, g);
       return;  // (the end of the loop is a barrier)
     }
+#else
+    (void)threads_;
 #endif
     for (Index task = 0; task < n_tasks; ++task) run(task, g);
   }
@@ -118,15 +120,15 @@ class Team {
 template <class F>
 void parallel_steps(int n_threads, const F& f) {
   Team::Failure failure;
-  const int threads = std::max(n_threads, 1);
 #ifdef _OPENMP
-  if (threads > 1) {
-#pragma omp parallel num_threads(threads)
+  if (n_threads > 1) {
+#pragma omp parallel num_threads(n_threads)
     f(Team(omp_get_thread_num(), omp_get_num_threads(), &failure));
   } else {
     f(Team(0, 1, &failure));
   }
 #else
+  (void)n_threads;
   f(Team(0, 1, &failure));
 #endif
   if (failure.error) std::rethrow_exception(failure.error);
