@@ -150,9 +150,8 @@ void run_cached_forward(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x
   MatrixRef<T> qkv = ws.qkv.topRows(T_new);
   MatrixRef<T> merged = ws.merged.topRows(T_new);
   const int n_threads = forward_threads(ws);
-  // x is fully read by the step's first step: out may alias x
+  // x is fully read by the first step (here or in the one-region step): out may alias x
   if (!probs && decode_step_in_one_region<T>(w, x, cache, ws, out, n_threads)) return;
-  // x is fully read here: out may alias x
   qkv_parallel<T>(w, x, qkv, ws, n_threads);
   cache.append(qkv.middleCols(C, C), qkv.middleCols(2 * C, C));
   try {

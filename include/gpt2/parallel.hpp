@@ -13,6 +13,41 @@
 
 namespace gpt2::detail {
 
+// What the parallel runners below share: f(task, thread) run unless an earlier task has failed,
+// and the first exception kept (rethrow() once every thread has stopped: an exception may not
+// cross an OpenMP region).
+class TaskFailure {
+ public:
+  template <class F>
+  void run(Index task, int thread, const F& f) {
+    bool skip;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+    skip = failed_;
+    if (skip) return;
+    try {
+      f(task, thread);
+    } catch (...) {
+#ifdef _OPENMP
+#pragma omp critical(gpt2_parallel_task_failure)
+#endif
+      if (!error_) error_ = std::current_exception();
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+      failed_ = true;
+    }
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  bool failed_ = false;
+  std::exception_ptr error_;
+};
+
 // f(task, thread) for every task in [0, n_tasks), on up to n_threads threads; `thread` is in
 // [0, n_threads) and no two tasks run at once with the same `thread`, so it can index per-thread
 // scratch. Tasks are handed out in increasing order, one at a time (put the longest first). If a
@@ -27,28 +62,14 @@ void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
     return;
   }
 #ifdef _OPENMP
-  std::exception_ptr error;
-  bool failed = false;
+  TaskFailure failure;
 #pragma omp parallel num_threads(threads)
   {
     const int thread = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
-    for (Index task = 0; task < n_tasks; ++task) {
-      bool skip;
-#pragma omp atomic read
-      skip = failed;
-      if (skip) continue;
-      try {
-        f(task, thread);
-      } catch (...) {
-#pragma omp critical(gpt2_parallel_tasks_error)
-        if (!error) error = std::current_exception();
-#pragma omp atomic write
-        failed = true;
-      }
-    }
+    for (Index task = 0; task < n_tasks; ++task) failure.run(task, thread, f);
   }
-  if (error) std::rethrow_exception(error);
+  failure.rethrow();
 #else
   for (Index task = 0; task < n_tasks; ++task) f(task, 0);
 #endif
@@ -84,42 +105,21 @@ class Team {
  private:
   template <class F>
   friend void parallel_steps(int n_threads, const F& f);
-  struct Failure {
-    bool failed = false;
-    std::exception_ptr error;
-  };
-  Team(int thread, int threads, Failure* failure)
+  Team(int thread, int threads, TaskFailure* failure)
       : thread_(thread), threads_(threads), failure_(failure) {}
 
   template <class G>
   void run(Index task, const G& g) const {
-    bool skip;
-#ifdef _OPENMP
-#pragma omp atomic read
-#endif
-    skip = failure_->failed;
-    if (skip) return;
-    try {
-      g(task, thread_);
-    } catch (...) {
-#ifdef _OPENMP
-#pragma omp critical(gpt2_parallel_steps_error)
-#endif
-      if (!failure_->error) failure_->error = std::current_exception();
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-      failure_->failed = true;
-    }
+    failure_->run(task, thread_, g);
   }
 
   int thread_, threads_;
-  Failure* failure_;
+  TaskFailure* failure_;
 };
 
 template <class F>
 void parallel_steps(int n_threads, const F& f) {
-  Team::Failure failure;
+  TaskFailure failure;
 #ifdef _OPENMP
   if (n_threads > 1) {
 #pragma omp parallel num_threads(n_threads)
@@ -131,7 +131,7 @@ void parallel_steps(int n_threads, const F& f) {
   (void)n_threads;
   f(Team(0, 1, &failure));
 #endif
-  if (failure.error) std::rethrow_exception(failure.error);
+  failure.rethrow();
 }
 
 // Columns [begin, end) of part `part` of n_parts near-equal parts of [0, n), with every boundary
