@@ -244,6 +244,27 @@ TEST(ParallelSteps, RunEveryTaskOnceStepAfterStep) {
 
 // A task that throws: the later steps' tasks never start, and the exception comes out of
 // parallel_steps once every thread has stopped.
+// The team's own barrier over many steps, on more threads than the machine has cores (waiters
+// then yield the CPU): every task of a step sees every task of the step before it done, and each
+// task runs once per step (the task counter starts again from 0 after each barrier).
+TEST(ParallelSteps, ManyStepsOnMoreThreadsThanCores) {
+  for (const int n_threads : {2, 3, 8}) {
+    const Index n = 5;
+    const int steps = 300;
+    std::vector<std::atomic<int>> done(static_cast<std::size_t>(n));
+    std::atomic<int> early{0};
+    gpt2::detail::parallel_steps(n_threads, [&](const gpt2::detail::Team& team) {
+      for (int step = 0; step < steps; ++step)
+        team.tasks(n, [&](Index task, int) {
+          for (const std::atomic<int>& d : done) early += d.load() < step;
+          done[static_cast<std::size_t>(task)]++;
+        });
+    });
+    for (const std::atomic<int>& d : done) EXPECT_EQ(d.load(), steps) << n_threads << " threads";
+    EXPECT_EQ(early.load(), 0) << n_threads << " threads";
+  }
+}
+
 TEST(ParallelSteps, RethrowTheFirstExceptionAndSkipTheLaterSteps) {
   for (const int n_threads : {1, 2}) {
     std::atomic<int> later{0};

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
+#include <thread>
 
 #include "gpt2/threads.hpp"
 #include "gpt2/types.hpp"
@@ -76,44 +78,91 @@ void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
 }
 
 // Steps that follow one another on the same threads, in one parallel region (a region's start
-// and end cost a few microseconds each, a barrier inside one less: a decode step's three steps
-// pay for one). parallel_steps(n_threads, f) calls f(team) on each of up to n_threads threads
-// (f must be safe to call concurrently); inside, team.tasks(n, g) runs g(task, thread) for every
-// task in [0, n), handed out one at a time in increasing order, and returns once every thread
-// has finished its tasks (a barrier). Every thread must make the same team.tasks calls in the same
-// order. If a task throws, the tasks not yet started, in this step and the later ones, are skipped
-// and the first exception is rethrown by parallel_steps once every thread has stopped. f itself,
-// outside its tasks, must not throw (an exception may not leave an OpenMP region: terminate).
+// and end cost a few microseconds each, a step's barrier here less: a decode step's three steps
+// pay for one region). parallel_steps(n_threads, f) calls f(team) on each of up to n_threads
+// threads (f must be safe to call concurrently); inside, team.tasks(n, g) runs g(task, thread) for
+// every task in [0, n), handed out one at a time in increasing order, and returns once every
+// thread has finished its tasks (a barrier). Every thread must make the same team.tasks calls in
+// the same order. If a task throws, the tasks not yet started, in this step and the later ones,
+// are skipped and the first exception is rethrown by parallel_steps once every thread has
+// stopped. f itself, outside its tasks, must not throw (an exception may not leave an OpenMP
+// region: terminate).
+//
+// The hand-out and the barrier are the team's own (an atomic counter; arrivals counted, the last
+// one opens the next generation), not OpenMP's `for` and barrier: libgomp's barrier makes a
+// futex_wake system call at every release, which in a virtual machine held up each step of a
+// decode step by about 2.5 us (AMD Zen 5 guest, docs/speed.md). Waiting threads spin, then yield
+// the CPU between polls once a wait grows long (more threads than cores).
+class StepBarrier {
+ public:
+  // The team's size, set by each of its threads before it first arrives (all with the same
+  // value: the team's size is known only inside the region, and no barrier is needed to share it).
+  void set_threads(int threads) { threads_.store(threads, std::memory_order_relaxed); }
+
+  // The next task of the current step (>= n once they are all handed out).
+  Index next_task() { return next_.fetch_add(1, std::memory_order_relaxed); }
+
+  // Returns once all threads have called it (each thread's writes before it are seen by every
+  // thread after it); the task counter starts again from 0 for the next step.
+  void arrive_and_wait() {
+    const unsigned generation = generation_.load(std::memory_order_acquire);
+    const int threads = threads_.load(std::memory_order_relaxed);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
+      arrived_.store(0, std::memory_order_relaxed);
+      next_.store(0, std::memory_order_relaxed);
+      generation_.store(generation + 1, std::memory_order_release);
+      return;
+    }
+    for (long spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
+      if (spins < kSpinsBeforeYield)
+        pause();
+      else
+        std::this_thread::yield();
+    }
+  }
+
+ private:
+  static constexpr long kSpinsBeforeYield = 1L << 16;  // a few hundred microseconds
+  static void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+
+  std::atomic<int> threads_{0};
+  alignas(64) std::atomic<Index> next_{0};
+  alignas(64) std::atomic<int> arrived_{0};
+  alignas(64) std::atomic<unsigned> generation_{0};
+};
+
 class Team {
  public:
   int thread() const { return thread_; }
 
   template <class G>
   void tasks(Index n_tasks, const G& g) const {
-#ifdef _OPENMP
-    if (threads_ > 1) {
-#pragma omp for schedule(dynamic, 1)
+    if (barrier_ == nullptr) {
       for (Index task = 0; task < n_tasks; ++task) run(task, g);
-      return;  // (the end of the loop is a barrier)
+      return;
     }
-#else
-    (void)threads_;
-#endif
-    for (Index task = 0; task < n_tasks; ++task) run(task, g);
+    for (Index task = barrier_->next_task(); task < n_tasks; task = barrier_->next_task())
+      run(task, g);
+    barrier_->arrive_and_wait();
   }
 
  private:
   template <class F>
   friend void parallel_steps(int n_threads, const F& f);
-  Team(int thread, int threads, TaskFailure* failure)
-      : thread_(thread), threads_(threads), failure_(failure) {}
+  Team(int thread, StepBarrier* barrier, TaskFailure* failure)
+      : thread_(thread), barrier_(barrier), failure_(failure) {}
 
   template <class G>
   void run(Index task, const G& g) const {
     failure_->run(task, thread_, g);
   }
 
-  int thread_, threads_;
+  int thread_;
+  StepBarrier* barrier_;  // null on one thread
   TaskFailure* failure_;
 };
 
@@ -122,14 +171,19 @@ void parallel_steps(int n_threads, const F& f) {
   TaskFailure failure;
 #ifdef _OPENMP
   if (n_threads > 1) {
+    StepBarrier barrier;
 #pragma omp parallel num_threads(n_threads)
-    f(Team(omp_get_thread_num(), omp_get_num_threads(), &failure));
+    {
+      const int threads = omp_get_num_threads();
+      barrier.set_threads(threads);
+      f(Team(omp_get_thread_num(), threads > 1 ? &barrier : nullptr, &failure));
+    }
   } else {
-    f(Team(0, 1, &failure));
+    f(Team(0, nullptr, &failure));
   }
 #else
   (void)n_threads;
-  f(Team(0, 1, &failure));
+  f(Team(0, nullptr, &failure));
 #endif
   failure.rethrow();
 }
