@@ -16,6 +16,8 @@ test_reference_bf16, which checks both) beside PyTorch's own bf16 error:
   qk_split        as pv_bf16, with k rounded to bf16 and q split into two bf16 parts (q_hi + q_lo)
                   for q k^T (two VDPBF16PS per pair: no faster than float32 there)
   all_bf16        as pv_bf16, with q and k each rounded to bf16 for q k^T
+  all_bf16_offdiag  both products in bf16 (q, k, p and v rounded) for the 64-key blocks before a
+                  row's own; its own block in float32 (so cases of T <= 64 are f32's)
 
 What it showed (docs/bf16.md): pv_bf16 and pv_bf16_l put `merged` past PyTorch's error on small_T7
 (5.33e-3 against 4.69e-3) and gpt2_layer0_T64 (3.48e-3 against 2.98e-3); pv_bf16_offdiag keeps
@@ -60,20 +62,22 @@ def emulate(x, w, n_head, variant):
         k = qkv[:, C + h * hd:C + (h + 1) * hd]
         v = qkv[:, 2 * C + h * hd:2 * C + (h + 1) * hd]
         qs = f32(q / np.sqrt(hd))
+        block = np.arange(T) // 64
+        diag = block[:, None] == block[None, :]
         if variant == "qk_split":
             hi = bf16(qs)
             s = (hi + bf16(qs - hi)) @ bf16(k).T
         elif variant == "all_bf16":
             s = bf16(qs) @ bf16(k).T
+        elif variant == "all_bf16_offdiag":
+            s = np.where(diag, qs @ k.T, bf16(qs) @ bf16(k).T)
         else:
             s = qs @ k.T
         s = f32(s)
         s[~causal] = -np.inf
         p = f32(np.exp(s - s.max(axis=1, keepdims=True)))
         l = (bf16(p) if variant == "pv_bf16_l" else p).sum(axis=1, keepdims=True)
-        if variant == "pv_bf16_offdiag":  # a row's own 64-key block (its diagonal) in float32
-            block = np.arange(T) // 64
-            diag = block[:, None] == block[None, :]
+        if variant in ("pv_bf16_offdiag", "all_bf16_offdiag"):  # a row's own 64-key block in float32
             o = np.where(diag, p, 0) @ v + bf16(np.where(diag, 0, p)) @ bf16(v)
         else:
             o = p @ v if variant == "f32" else bf16(p) @ bf16(v)
@@ -81,7 +85,8 @@ def emulate(x, w, n_head, variant):
     return f32(bf16(merged) @ bf16(w["c_proj.weight"]) + w["c_proj.bias"]), merged
 
 
-VARIANTS = ["f32", "pv_bf16", "pv_bf16_l", "pv_bf16_offdiag", "qk_split", "all_bf16"]
+VARIANTS = ["f32", "pv_bf16", "pv_bf16_l", "pv_bf16_offdiag", "qk_split", "all_bf16",
+            "all_bf16_offdiag"]
 
 
 def main():
