@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpt2/attention.hpp"
+#include "gpt2/parallel.hpp"
 #include "gpt2/safetensors.hpp"
 #include "support/compare.hpp"
 #include "support/models.hpp"
@@ -222,6 +223,33 @@ TEST(ConcurrencyFile, SharedMappedFileAndLoadsFromManyThreads) {
     for (Index j = 0; j < kC; ++j)
       EXPECT_EQ(converted[k][static_cast<std::size_t>(j)], double(model.c_proj_b(j)));
   }
+}
+
+// detail::StepBarrier (the task hand-out and barrier of parallel_steps, which a decode step's
+// region runs on) on plain std::threads, so that ThreadSanitizer checks its ordering too (OpenMP is
+// off under it): each step's tasks write plain ints, which every thread reads after the barrier;
+// a second barrier keeps the next step's writes after those reads. Each task runs once a step.
+TEST(ConcurrencyStepBarrier, OrdersEachStepsWritesBeforeTheNextStep) {
+  constexpr int kTeam = 4, kSteps = 200;
+  constexpr Index kTasks = 7;
+  gpt2::detail::StepBarrier barrier;
+  std::vector<int> value(static_cast<std::size_t>(kTasks), 0);
+  std::atomic<int> wrong{0};
+  auto member = [&] {
+    barrier.set_threads(kTeam);
+    for (int step = 1; step <= kSteps; ++step) {
+      for (Index t = barrier.next_task(); t < kTasks; t = barrier.next_task())
+        value[static_cast<std::size_t>(t)] += 1;
+      barrier.arrive_and_wait();
+      for (const int v : value) wrong += v != step;
+      barrier.arrive_and_wait();
+    }
+  };
+  std::vector<std::thread> team;
+  for (int i = 0; i < kTeam; ++i) team.emplace_back(member);
+  for (std::thread& t : team) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  for (const int v : value) EXPECT_EQ(v, kSteps);
 }
 
 }  // namespace
