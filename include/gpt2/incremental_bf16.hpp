@@ -284,7 +284,7 @@ inline void run_cached_forward_bf16(const AttentionWeights<float>& w,
   MatrixRef<float> qkv = ws.qkv.topRows(T_new);
   MatrixRef<float> merged = ws.merged.topRows(T_new);
   const int n_threads = forward_threads(ws);
-  // x is fully read by the step's first step: out may alias x
+  // x is fully read by the first step (here or in the one-region step): out may alias x
   if (!probs && decode_step_in_one_region_bf16(w, x, cache, ws, out, n_threads)) return;
   qkv_parallel<float>(w, x, qkv, ws, n_threads);  // x is fully read here: out may alias x
   cache.append(qkv.middleCols(C, C), qkv.middleCols(2 * C, C));

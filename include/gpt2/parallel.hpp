@@ -81,12 +81,14 @@ void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
 // and end cost a few microseconds each, a step's barrier here less: a decode step's three steps
 // pay for one region). parallel_steps(n_threads, f) calls f(team) on each of up to n_threads
 // threads (f must be safe to call concurrently); inside, team.tasks(n, g) runs g(task, thread) for
-// every task in [0, n), handed out one at a time in increasing order, and returns once every
-// thread has finished its tasks (a barrier). Every thread must make the same team.tasks calls in
-// the same order. If a task throws, the tasks not yet started, in this step and the later ones,
-// are skipped and the first exception is rethrown by parallel_steps once every thread has
-// stopped. f itself, outside its tasks, must not throw (an exception may not leave an OpenMP
-// region: terminate).
+// every task in [0, n), handed out one at a time in increasing order, once every thread has
+// finished the tasks of the step before (a barrier between steps; the region's end waits for the
+// last step's, so the last one pays no barrier of its own). What a step wrote is seen by the next
+// step's tasks and after parallel_steps returns, not by code between two team.tasks calls. Every
+// thread must make the same team.tasks calls in the same order. If a task throws, the tasks not
+// yet started, in this step and the later ones, are skipped and the first exception is rethrown
+// by parallel_steps once every thread has stopped. f itself, outside its tasks, must not throw
+// (an exception may not leave an OpenMP region: terminate).
 //
 // The hand-out and the barrier are the team's own (an atomic counter; arrivals counted, the last
 // one opens the next generation), not OpenMP's `for` and barrier: libgomp's barrier makes a
@@ -145,9 +147,10 @@ class Team {
       for (Index task = 0; task < n_tasks; ++task) run(task, g);
       return;
     }
+    if (step_before_) barrier_->arrive_and_wait();  // every thread done with the step before
     for (Index task = barrier_->next_task(); task < n_tasks; task = barrier_->next_task())
       run(task, g);
-    barrier_->arrive_and_wait();
+    step_before_ = true;
   }
 
  private:
@@ -164,6 +167,7 @@ class Team {
   int thread_;
   StepBarrier* barrier_;  // null on one thread
   TaskFailure* failure_;
+  mutable bool step_before_ = false;  // this thread has run a step: the next one waits for it
 };
 
 template <class F>
