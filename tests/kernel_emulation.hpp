@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "gpt2/kernels/bf16.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2::test::emulation {
@@ -119,12 +120,57 @@ inline void softmax_row(float* row, Index n, Index n_keys, float scale) {
   for (Index j = n; j < n_keys; ++j) row[j] = 0.0f;
 }
 
+// x as a bf16 instruction reads it: rounded to bf16 (nearest even), a bf16 subnormal as zero.
+inline float bf16_operand(float x) {
+  const std::uint16_t b = gpt2::kernels::round_to_bf16(x);
+  if ((b & 0x7f80u) == 0) return (b & 0x8000u) != 0 ? -0.0f : 0.0f;
+  return gpt2::kernels::bf16_to_float(b);
+}
+
+// acc + a_hi b_hi, then + a_lo b_lo: one VDPBF16PS lane (each product exact in float32, each sum
+// rounded; the operands as bf16_operand reads them). Sums that come out subnormal, which the
+// instruction flushes to zero, are left as they are: the tests' data never makes them.
+inline float dot_pair(float acc, float a_lo, float a_hi, float b_lo, float b_hi) {
+  acc = std::fma(bf16_operand(a_hi), bf16_operand(b_hi), acc);
+  return std::fma(bf16_operand(a_lo), bf16_operand(b_lo), acc);
+}
+
+// The score of qs against one key over head_dim components, from +0: one fused multiply-add
+// chain over d in order, or, in bf16 pairs (avx512_bf16's core for bf16 weights over the blocks
+// before a row's own, kernels/avx512_bf16_attention.hpp), one dot_pair per pair of components
+// (2k, 2k + 1) in order (0 past head_dim).
+inline float block_score(const float* qs, const float* key, Index head_dim, bool pairs) {
+  float acc = 0.0f;
+  if (!pairs) {
+    for (Index d = 0; d < head_dim; ++d) acc = std::fma(qs[d], key[d], acc);
+    return acc;
+  }
+  for (Index d = 0; d < head_dim; d += 2)
+    acc = dot_pair(acc, qs[d], d + 1 < head_dim ? qs[d + 1] : 0.0f, key[d],
+                   d + 1 < head_dim ? key[d + 1] : 0.0f);
+  return acc;
+}
+
+// Column d of a block's p v over its n visible keys, from +0: one fused multiply-add chain over the
+// keys in order, or in bf16 pairs one dot_pair per pair of keys (2i, 2i + 1) in order (a full
+// block).
+inline float block_pv(const float* p, const float* const* values, Index d, Index n, bool pairs) {
+  float acc = 0.0f;
+  if (!pairs) {
+    for (Index j = 0; j < n; ++j) acc = std::fma(p[j], values[j][d], acc);
+    return acc;
+  }
+  for (Index j = 0; j < n; j += 2) acc = dot_pair(acc, p[j], p[j + 1], values[j][d], values[j + 1][d]);
+  return acc;
+}
+
 // The fused attention core (kernels/attention_tile.hpp's steps) for `rows` query rows at positions
 // first_pos .. (row stride ldq), key and value row j at keys[j], values[j] (head_dim floats), one
-// row at a time; out rows ldo apart.
+// row at a time; out rows ldo apart. bf16_pairs: both products in bf16 pairs for the blocks
+// before a row's own (avx512_bf16's core for bf16 weights; its own block stays float32).
 inline void attention_tile(Index rows, Index first_pos, Index head_dim, const float* q, Index ldq,
                            const float* const* keys, const float* const* values, float scale,
-                           float* out, Index ldo) {
+                           float* out, Index ldo, bool bf16_pairs = false) {
   const float minus_inf = -std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> qs(static_cast<std::size_t>(head_dim)), o(qs.size()), ob(qs.size());
@@ -138,9 +184,9 @@ inline void attention_tile(Index rows, Index first_pos, Index head_dim, const fl
       float s[64], p[64];
       float mb = minus_inf;
       bool any_nan = false;
+      const bool pairs = bf16_pairs && b0 + 64 <= pos;  // a block before the row's own
       for (Index j = 0; j < n; ++j) {
-        float acc = 0.0f;
-        for (Index d = 0; d < head_dim; ++d) acc = std::fma(qs[d], keys[b0 + j][d], acc);
+        const float acc = block_score(qs.data(), keys[b0 + j], head_dim, pairs);
         s[j] = acc;
         if (std::isnan(acc))
           any_nan = true;
@@ -164,11 +210,8 @@ inline void attention_tile(Index rows, Index first_pos, Index head_dim, const fl
       const float a = m == minus_inf ? 0.0f : kexp(sub(z, z_new));
       const float c = mb == minus_inf ? 0.0f : kexp(sub(zb, z_new));
       l = std::fma(lb, c, mul(l, a));
-      for (Index d = 0; d < head_dim; ++d) {
-        float acc = 0.0f;
-        for (Index j = 0; j < n; ++j) acc = std::fma(p[j], values[b0 + j][d], acc);
-        o[d] = std::fma(acc, c, mul(o[d], a));
-      }
+      for (Index d = 0; d < head_dim; ++d)
+        o[d] = std::fma(block_pv(p, values + b0, d, n, pairs), c, mul(o[d], a));
       m = m_new;
       z = z_new;
     }

@@ -247,6 +247,7 @@ void attention_row_partials(const ConstMatrixRef<T>& q, const HeadPages<T>& kv, 
   t.ldq = q.outerStride();
   t.scale = T(1) / std::sqrt(T(q.cols()));
   t.scratch = scratch.tile();
+  t.bf16 = scratch.bf16_products();
   t.key_pages = kv.key_pages;
   t.value_pages = kv.value_pages;
   t.page_rows = kv.page_rows;

@@ -88,6 +88,7 @@ inline void row_partials_kv_bf16(const kernels::FloatKernels& kern, const ConstM
   t.ldq = q.outerStride();
   t.scale = 1.0f / std::sqrt(static_cast<float>(q.cols()));
   t.scratch = scratch.tile();
+  t.bf16 = scratch.bf16_products();
   t.key_pages_bf16 = &key_page;
   t.value_pages_bf16 = &value_page;
   t.page_rows = keys.rows();  // one page

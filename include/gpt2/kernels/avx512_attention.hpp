@@ -770,6 +770,74 @@ GPT2_KERNEL_AVX512 inline void transpose_queries(Index nb, const AttentionTile<f
     }
 }
 
+// One key block (from b0, n_blk keys) of a tile of nb >= 2 rows: the rows that see it (from
+// r_begin on) get its scores, block softmax and p v merged into their running state; rows in lanes
+// when row_vectors (qs^T in ts.qt) and 16 rows or more see the block, else row by row.
+GPT2_KERNEL_AVX512 inline void tile_block(Index b0, bool row_vectors,
+                                          const AttentionTile<float>& t, TileScratch<float>& ts) {
+  const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
+  const Index n_blk = std::min(kKeyBlock, t.first_pos + nb - b0);
+  const float* krow[kKeyBlock];
+  const float* vrow[kKeyBlock];
+  page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
+  page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
+  const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
+  Index r = r_begin;
+  if (row_vectors && nb - r_begin >= 16) {  // 16 rows or more see this block: rows in lanes
+    // p v reads the value rows in place when they are aligned (a workspace's or a cache's),
+    // else an aligned copy
+    const float* const* vsrc = vrow;
+    const float* vpacked[kKeyBlock];
+    if (!rows_aligned(vrow, n_blk)) {
+      pack_values(vrow, n_blk, hd, ts.vb);
+      for (Index j = 0; j < n_blk; ++j) vpacked[j] = ts.vb + j * hdp;
+      vsrc = vpacked;
+    }
+    const Index groups = (nb + 15) / 16;
+    BlockMax bm;
+    scores_t_block(groups, b0, n_blk, r_begin, nb, krow, t, ts, bm);
+    for (Index g = r_begin / 16; g < groups; ++g)
+      block_softmax16(g, b0, n_blk, r_begin, nb, bm, t, ts);
+    for (; r + kValueRows <= nb; r += kValueRows)
+      value_rows_all<kValueRows>(r, b0, vsrc, t, ts, 1, kTileMaxRows);
+    switch (nb - r) {
+      case 5: value_rows_all<5>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
+      case 4: value_rows_all<4>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
+      case 3: value_rows_all<3>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
+      case 2: value_rows_all<2>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
+      case 1: value_rows_all<1>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
+      default: break;
+    }
+    return;
+  }
+  pack_keys_t(krow, n_blk, hd, ts.kt);
+  for (; r + kScoreRows <= nb; r += kScoreRows) score_rows<kScoreRows>(r, b0, t, ts);
+  switch (nb - r) {
+    case 5: score_rows<5>(r, b0, t, ts); break;
+    case 4: score_rows<4>(r, b0, t, ts); break;
+    case 3: score_rows<3>(r, b0, t, ts); break;
+    case 2: score_rows<2>(r, b0, t, ts); break;
+    case 1: score_rows<1>(r, b0, t, ts); break;
+    default: break;
+  }
+  r = r_begin;
+  for (; r + kValueRows <= nb; r += kValueRows)
+    value_rows_all<kValueRows>(r, b0, vrow, t, ts, kKeyBlock, 1);
+  switch (nb - r) {
+    case 5: value_rows_all<5>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+    case 4: value_rows_all<4>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+    case 3: value_rows_all<3>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+    case 2: value_rows_all<2>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+    case 1: value_rows_all<1>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
+    default: break;
+  }
+}
+
+// Whether a tile of nb rows runs its blocks with rows in lanes (those 16 rows or more see).
+inline bool uses_row_vectors(const AttentionTile<float>& t) {
+  return t.rows >= 16 && t.first_pos + t.rows < (Index(1) << 30);
+}
+
 // The tile (attention_tile.hpp's interface and arithmetic).
 GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
@@ -786,67 +854,12 @@ GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
     write_row(t, ts);
     return;
   }
-  const bool row_vectors = nb >= 16 && t.first_pos + nb < (Index(1) << 30);
+  const bool row_vectors = uses_row_vectors(t);
   if (row_vectors) transpose_queries(nb, t, ts);
-  const Index last = t.first_pos + nb - 1;
-  const float* krow[kKeyBlock];
-  const float* vrow[kKeyBlock];
-  const float* vpacked[kKeyBlock];
-  for (Index j = 0; j < kKeyBlock; ++j) vpacked[j] = ts.vb + j * hdp;
-  const Index n_blocks = last / kKeyBlock + 1;
-  for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
-    const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
-    prefetch_next_queries(t, b0 / kKeyBlock, n_blocks);
-    page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
-    page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
-    const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
-    Index r = r_begin;
-    if (row_vectors && nb - r_begin >= 16) {  // 16 rows or more see this block: rows in lanes
-      // p v reads the value rows in place when they are aligned (a workspace's or a cache's),
-      // else an aligned copy
-      const float* const* vsrc = vrow;
-      if (!rows_aligned(vrow, n_blk)) {
-        pack_values(vrow, n_blk, hd, ts.vb);
-        vsrc = vpacked;
-      }
-      const Index groups = (nb + 15) / 16;
-      BlockMax bm;
-      scores_t_block(groups, b0, n_blk, r_begin, nb, krow, t, ts, bm);
-      for (Index g = r_begin / 16; g < groups; ++g)
-        block_softmax16(g, b0, n_blk, r_begin, nb, bm, t, ts);
-      for (; r + kValueRows <= nb; r += kValueRows)
-        value_rows_all<kValueRows>(r, b0, vsrc, t, ts, 1, kTileMaxRows);
-      switch (nb - r) {
-        case 5: value_rows_all<5>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
-        case 4: value_rows_all<4>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
-        case 3: value_rows_all<3>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
-        case 2: value_rows_all<2>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
-        case 1: value_rows_all<1>(r, b0, vsrc, t, ts, 1, kTileMaxRows); break;
-        default: break;
-      }
-      continue;
-    }
-    pack_keys_t(krow, n_blk, hd, ts.kt);
-    for (; r + kScoreRows <= nb; r += kScoreRows) score_rows<kScoreRows>(r, b0, t, ts);
-    switch (nb - r) {
-      case 5: score_rows<5>(r, b0, t, ts); break;
-      case 4: score_rows<4>(r, b0, t, ts); break;
-      case 3: score_rows<3>(r, b0, t, ts); break;
-      case 2: score_rows<2>(r, b0, t, ts); break;
-      case 1: score_rows<1>(r, b0, t, ts); break;
-      default: break;
-    }
-    r = r_begin;
-    for (; r + kValueRows <= nb; r += kValueRows)
-      value_rows_all<kValueRows>(r, b0, vrow, t, ts, kKeyBlock, 1);
-    switch (nb - r) {
-      case 5: value_rows_all<5>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
-      case 4: value_rows_all<4>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
-      case 3: value_rows_all<3>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
-      case 2: value_rows_all<2>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
-      case 1: value_rows_all<1>(r, b0, vrow, t, ts, kKeyBlock, 1); break;
-      default: break;
-    }
+  const Index last = t.first_pos + nb - 1, n_blocks = last / kKeyBlock + 1;
+  for (Index b = 0; b < n_blocks; ++b) {
+    prefetch_next_queries(t, b, n_blocks);
+    tile_block(b * kKeyBlock, row_vectors, t, ts);
   }
   for (Index r = 0; r < nb; ++r) store_row(ts.o + r * hdp, ts.l[r], hd, t.out + r * t.ldo);
 }

@@ -99,6 +99,7 @@
 #include "gpt2/kernels/avx512.hpp"
 #include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/kernels/avx512_bf16.hpp"
+#include "gpt2/kernels/avx512_bf16_attention.hpp"
 #endif
 // In the separate mode the entry points live in an inline namespace of their own: a program whose
 // implementation file is missing fails to link (rather than linking through some header-only
@@ -325,6 +326,19 @@ const FloatKernels* float_kernels(Isa isa);
 #endif
 #if !GPT2_KERNELS_DECLARED_ONLY
 GPT2_KERNELS_ENTRY const FloatKernels* float_kernels(Isa isa) {
+#if GPT2_KERNELS_HAVE_AVX512
+  // avx512's, but a bf16 tile's attention (bf16 weights) runs both products on VDPBF16PS in the
+  // key blocks before a row's own (kernels/avx512_bf16_attention.hpp)
+  static const FloatKernels avx512_bf16_table{Isa::avx512_bf16,        avx512::gemm,
+                                              avx512::gemm_packed,     avx512::row_times_matrix,
+                                              avx512::row_times_packed,
+                                              avx512::row_times_transposed,
+                                              avx512::softmax_row,     avx512_bf16::attention_tile,
+                                              avx512_bf16::row_partials,
+                                              avx512::merge_row_partials,
+                                              avx512_bf16::row_partials_kv_bf16};
+  if (isa == Isa::avx512_bf16) return &avx512_bf16_table;
+#endif
   isa = float_level(isa);
 #if GPT2_KERNELS_HAVE_AVX512
   static const FloatKernels avx512_table{Isa::avx512,           avx512::gemm,

@@ -1,0 +1,526 @@
+// The avx512_bf16 level's attention core for bf16 weights (AttentionTile::bf16): avx512's fused
+// core (the same 64-key blocks at absolute positions, online softmax and merges, in float32) with
+// both products on VDPBF16PS in the key blocks before a row's own.
+//
+// A row at position pos, for a block b < pos / 64 (a block it sees whole, before its own):
+//   s_j = one chain over the pairs of components (2k, 2k + 1), k = 0, 1, .. from +0, each step
+//         one VDPBF16PS lane: s += bf16(qs_2k+1) bf16(k_j[2k+1]), then s += bf16(qs_2k) bf16(k_j[2k])
+//   m_b, z_b, p_j, l_b as in attention_tile.hpp, in float32 on those scores (l_b on unrounded p)
+//   o_b[d] = one chain over the pairs of keys (2i, 2i + 1), i = 0 .. 31, from +0:
+//         o += bf16(p_2i+1) bf16(v_2i+1[d]), then o += bf16(p_2i) bf16(v_2i[d])
+// (each product exact, each sum rounded to nearest, bf16 subnormals as zero; qs, k, p and v
+// rounded to nearest even by VCVTNE2PS2BF16; components past head_dim count as 0). The row's own
+// block (keys 64 (pos / 64) .. pos) keeps attention_tile.hpp's float32 chains: rounding there
+// would move rows that see few keys, or weigh one key heavily, past PyTorch's own bf16 error
+// (tests/reference/bf16_attention_options.py, its all_bf16_offdiag column against all_bf16).
+// Which arithmetic a block takes depends only on the row's position, so a row keeps its bits in
+// any tile, chunk, batch or thread split, decode steps included (tests/kernel_emulation.hpp
+// emulates it; tests/test_attention_core.cpp checks it).
+//
+// Layouts (all in the tile's scratch, none depending on T):
+//   q pairs   qp[k][row] = bf16(qs[row][2k]) | bf16(qs[row][2k + 1]) << 16 (rows in lanes)
+//   key rows  kb[j][d]   = bf16(k_j[d]), 64 rows of padded_head_dim (a 32-bit word is a pair)
+//   values    vp[i][d]   = bf16(v_2i[d]) | bf16(v_2i+1[d]) << 16
+//   p pairs   in place in the row-vector p: pair i of a row at the word of key 2i
+// A tile whose rows lie in more than one block runs as one tile per block (row-exact, so the same
+// bits): then every row of a tile has the same own block, the tile's last.
+//
+// Only tiles flagged bf16 (bf16 weights) take it; float32 tiles run avx512's core, whose bits the
+// avx512_bf16 level keeps for float32 weights.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "gpt2/kernels/attention_tile.hpp"
+#include "gpt2/kernels/avx512_attention.hpp"
+#include "gpt2/kernels/avx512_bf16.hpp"
+#include "gpt2/types.hpp"
+
+#if GPT2_KERNELS_HAVE_AVX512
+namespace gpt2::kernels::avx512_bf16 {
+
+// Words [a0 .. a15 | b0 .. b15] of v as 16 pairs: lane d = a_d (low half) | b_d (high half).
+GPT2_KERNEL_AVX512_BF16 inline __m512i interleave_pairs(__m512i v) {
+  const __m512i index = _mm512_setr_epi32(
+      0x00100000, 0x00110001, 0x00120002, 0x00130003, 0x00140004, 0x00150005, 0x00160006,
+      0x00170007, 0x00180008, 0x00190009, 0x001a000a, 0x001b000b, 0x001c000c, 0x001d000d,
+      0x001e000e, 0x001f000f);
+  return _mm512_permutexvar_epi16(index, v);
+}
+
+// Lane d = bf16(a_d) | bf16(b_d) << 16: two vectors of 16 floats rounded to nearest even.
+GPT2_KERNEL_AVX512_BF16 inline __m512i round_pairs(__m512 a, __m512 b) {
+  return interleave_pairs(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+}
+
+// acc + the pair products of a and b, lane by lane (VDPBF16PS).
+GPT2_KERNEL_AVX512_BF16 inline __m512 dot_pairs(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+}
+GPT2_KERNEL_AVX512_BF16 inline __m512i broadcast_pair(const std::uint32_t* p) {
+  return _mm512_set1_epi32(static_cast<int>(*p));
+}
+
+// Where the bf16 layouts live in a tile's scratch: the parts the float32 core uses for k^T and
+// the block's values, free while a bf16 block runs.
+struct PairScratch {
+  std::uint32_t* qp;  // [hdp / 2][kTileMaxRows]
+  std::uint16_t* kb;  // [kKeyBlock][hdp]
+  std::uint32_t* vp;  // [kKeyBlock / 2][hdp]
+  explicit PairScratch(const TileScratch<float>& ts, Index head_dim)
+      : qp(reinterpret_cast<std::uint32_t*>(ts.kt + padded_head_dim(head_dim) * kKeyBlock)),
+        kb(reinterpret_cast<std::uint16_t*>(ts.kt)),
+        vp(reinterpret_cast<std::uint32_t*>(ts.vb)) {}
+};
+
+// qp from qs^T (ts.qt) for row vectors 0 .. groups - 1.
+GPT2_KERNEL_AVX512_BF16 inline void pack_query_pairs(Index groups, Index head_dim,
+                                                     const TileScratch<float>& ts,
+                                                     const PairScratch& ps) {
+  const Index hdp = padded_head_dim(head_dim);
+  for (Index k = 0; k < hdp / 2; ++k)
+    for (Index g = 0; g < groups; ++g)
+      _mm512_store_si512(ps.qp + k * kTileMaxRows + 16 * g,
+                         round_pairs(_mm512_load_ps(ts.qt + 2 * k * kTileMaxRows + 16 * g),
+                                     _mm512_load_ps(ts.qt + (2 * k + 1) * kTileMaxRows + 16 * g)));
+}
+
+// The 16 floats of row p from d0 (head_dim long; 0 past it): a plain load where all 16 lie within.
+GPT2_KERNEL_AVX512_BF16 inline __m512 load_part(const float* p, Index d0, Index head_dim) {
+  return d0 + 16 <= head_dim ? _mm512_loadu_ps(p + d0)
+                             : _mm512_maskz_loadu_ps(avx512::lanes(d0, head_dim), p + d0);
+}
+
+// kb from a full block's 64 key rows, vp from its 64 value rows.
+GPT2_KERNEL_AVX512_BF16 inline void pack_block(const float* const* krow, const float* const* vrow,
+                                               Index head_dim, const PairScratch& ps) {
+  const Index hdp = padded_head_dim(head_dim);
+  for (Index j = 0; j < kKeyBlock; j += 2)
+    for (Index d0 = 0; d0 < hdp; d0 += 32) {  // two rows' 32 components: 16 words of each row
+      const __m512 a0 = load_part(krow[j], d0, head_dim), a1 = load_part(krow[j], d0 + 16, head_dim);
+      const __m512 b0 = load_part(krow[j + 1], d0, head_dim);
+      const __m512 b1 = load_part(krow[j + 1], d0 + 16, head_dim);
+      if (d0 + 32 <= hdp) {
+        _mm512_storeu_si512(ps.kb + j * hdp + d0,
+                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a1, a0)));
+        _mm512_storeu_si512(ps.kb + (j + 1) * hdp + d0,
+                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b1, b0)));
+      } else {  // 16 components left
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(ps.kb + j * hdp + d0),
+                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a0)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(ps.kb + (j + 1) * hdp + d0),
+                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(b0)));
+      }
+    }
+  for (Index i = 0; i < kKeyBlock / 2; ++i)
+    for (Index d0 = 0; d0 < hdp; d0 += 16)
+      _mm512_store_si512(ps.vp + i * hdp + d0, round_pairs(load_part(vrow[2 * i], d0, head_dim),
+                                                           load_part(vrow[2 * i + 1], d0, head_dim)));
+}
+
+// st[j][row0 .. row0 + 16 G) = the pair-chain scores of keys j0 .. j0 + J - 1 against rows row0 ..
+// (every row sees the whole block); their maxima over the active rows into bm.
+template <int J, int G>
+GPT2_KERNEL_AVX512_BF16 inline void pair_scores(Index row0, Index j0, Index ra, Index nb,
+                                                Index head_dim, const TileScratch<float>& ts,
+                                                const PairScratch& ps, avx512::BlockMax& bm) {
+  const Index hdp = padded_head_dim(head_dim);
+  __m512 acc[J][G];
+#pragma GCC unroll 8
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) acc[jj][g] = _mm512_setzero_ps();
+  const std::uint32_t* k[J];
+#pragma GCC unroll 8
+  for (int jj = 0; jj < J; ++jj) k[jj] = reinterpret_cast<const std::uint32_t*>(ps.kb + (j0 + jj) * hdp);
+  const Index pairs = (head_dim + 1) / 2;
+  for (Index kk = 0; kk < pairs; ++kk) {
+    __m512i qv[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) qv[g] = _mm512_load_si512(ps.qp + kk * kTileMaxRows + row0 + 16 * g);
+#pragma GCC unroll 8
+    for (int jj = 0; jj < J; ++jj) {
+      const __m512i kp = broadcast_pair(k[jj] + kk);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[jj][g] = dot_pairs(acc[jj][g], qv[g], kp);
+    }
+  }
+#pragma GCC unroll 8
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+      _mm512_store_ps(ts.p + (j0 + jj) * kTileMaxRows + row0 + 16 * g, acc[jj][g]);
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const Index gg = row0 / 16 + g;
+    const __mmask16 active = avx512::active_rows(gg, ra, nb);
+    __m512 mx = bm.mx[gg];
+    __mmask16 nan = bm.nan[gg];
+#pragma GCC unroll 8
+    for (int jj = 0; jj < J; ++jj) {
+      nan |= _mm512_mask_cmp_ps_mask(active, acc[jj][g], acc[jj][g], _CMP_UNORD_Q);
+      mx = _mm512_mask_max_ps(mx, active, mx, acc[jj][g]);
+    }
+    bm.mx[gg] = mx;
+    bm.nan[gg] = nan;
+  }
+}
+
+template <int G>
+GPT2_KERNEL_AVX512_BF16 inline void pair_scores_block(Index nb, Index head_dim,
+                                                      const TileScratch<float>& ts,
+                                                      const PairScratch& ps, avx512::BlockMax& bm) {
+  for (Index j = 0; j + 6 <= kKeyBlock; j += 6) pair_scores<6, G>(0, j, 0, nb, head_dim, ts, ps, bm);
+  pair_scores<kKeyBlock % 6, G>(0, kKeyBlock / 6 * 6, 0, nb, head_dim, ts, ps, bm);
+}
+
+// Row vectors 0 .. groups - 1 of st as pairs of keys, in place: pair i of a row at the word of key
+// 2i.
+GPT2_KERNEL_AVX512_BF16 inline void probs_to_pairs(float* p, Index groups) {
+  for (Index i = 0; i < kKeyBlock / 2; ++i) {
+    float* even = p + 2 * i * kTileMaxRows;
+    const float* odd = even + kTileMaxRows;
+    for (Index g = 0; g < groups; ++g)
+      _mm512_store_si512(even + 16 * g,
+                         round_pairs(_mm512_load_ps(even + 16 * g), _mm512_load_ps(odd + 16 * g)));
+  }
+}
+
+// o[r + i][d0 .. d0 + 16 V) = fma(o_b, c, o * a) for R rows, o_b the pair chain over the block
+// (value pairs from vp, p pairs from ts.p).
+template <int R, int V>
+GPT2_KERNEL_AVX512_BF16 inline void pair_values(Index r, Index d0, Index head_dim,
+                                                TileScratch<float>& ts, const PairScratch& ps) {
+  const Index hdp = padded_head_dim(head_dim);
+  const std::uint32_t* pp = reinterpret_cast<const std::uint32_t*>(ts.p) + r;
+  __m512 acc[R][V];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (Index k = 0; k < kKeyBlock / 2; ++k) {
+    __m512i vv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) vv[v] = _mm512_load_si512(ps.vp + k * hdp + d0 + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const __m512i pk = broadcast_pair(pp + i + 2 * k * kTileMaxRows);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[i][v] = dot_pairs(acc[i][v], pk, vv[v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    const __m512 a = _mm512_set1_ps(ts.a[r + i]), c = _mm512_set1_ps(ts.c[r + i]);
+    float* o = ts.o + (r + i) * hdp + d0;
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      _mm512_store_ps(o + 16 * v,
+                      _mm512_fmadd_ps(acc[i][v], c, _mm512_mul_ps(_mm512_load_ps(o + 16 * v), a)));
+  }
+}
+
+template <int R>
+GPT2_KERNEL_AVX512_BF16 inline void pair_values_rows(Index r, Index head_dim,
+                                                     TileScratch<float>& ts,
+                                                     const PairScratch& ps) {
+  const Index hdp = padded_head_dim(head_dim);
+  Index d0 = 0;
+  for (; d0 + 64 <= hdp; d0 += 64) pair_values<R, 4>(r, d0, head_dim, ts, ps);
+  switch ((hdp - d0) / 16) {
+    case 3: pair_values<R, 3>(r, d0, head_dim, ts, ps); break;
+    case 2: pair_values<R, 2>(r, d0, head_dim, ts, ps); break;
+    case 1: pair_values<R, 1>(r, d0, head_dim, ts, ps); break;
+    default: break;
+  }
+}
+
+// One full key block (from b0) before every row of the tile's own block, in bf16 pairs: scores,
+// block softmax (float32), p v, merged into the rows' running state. qp is packed.
+GPT2_KERNEL_AVX512_BF16 inline void pair_block(Index b0, const AttentionTile<float>& t,
+                                               TileScratch<float>& ts, const PairScratch& ps) {
+  const Index nb = t.rows, groups = (nb + 15) / 16;
+  const float* krow[kKeyBlock];
+  const float* vrow[kKeyBlock];
+  page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, kKeyBlock, krow);
+  page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, kKeyBlock, vrow);
+  pack_block(krow, vrow, t.head_dim, ps);
+  avx512::BlockMax bm;
+  for (Index g = 0; g < groups; ++g) {
+    bm.mx[g] = _mm512_set1_ps(-__builtin_inff());
+    bm.nan[g] = 0;
+  }
+  switch (groups) {
+    case 4: pair_scores_block<4>(nb, t.head_dim, ts, ps, bm); break;
+    case 3: pair_scores_block<3>(nb, t.head_dim, ts, ps, bm); break;
+    case 2: pair_scores_block<2>(nb, t.head_dim, ts, ps, bm); break;
+    default: pair_scores_block<1>(nb, t.head_dim, ts, ps, bm); break;
+  }
+  for (Index g = 0; g < groups; ++g) avx512::block_softmax16(g, b0, kKeyBlock, 0, nb, bm, t, ts);
+  probs_to_pairs(ts.p, groups);
+  Index r = 0;
+  for (; r + avx512::kValueRows <= nb; r += avx512::kValueRows)
+    pair_values_rows<avx512::kValueRows>(r, t.head_dim, ts, ps);
+  switch (nb - r) {
+    case 5: pair_values_rows<5>(r, t.head_dim, ts, ps); break;
+    case 4: pair_values_rows<4>(r, t.head_dim, ts, ps); break;
+    case 3: pair_values_rows<3>(r, t.head_dim, ts, ps); break;
+    case 2: pair_values_rows<2>(r, t.head_dim, ts, ps); break;
+    case 1: pair_values_rows<1>(r, t.head_dim, ts, ps); break;
+    default: break;
+  }
+}
+
+// A tile of 2 rows or more whose rows all lie in one key block (its last): the blocks before it
+// in bf16 pairs, then its own in float32 (avx512's tile_block).
+GPT2_KERNEL_AVX512_BF16 inline void block_tile(const AttentionTile<float>& t) {
+  const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
+  TileScratch<float> ts(t.scratch, hd);
+  const PairScratch ps(ts, hd);
+  avx512::init_rows(t, ts);
+  avx512::transpose_queries(nb, t, ts);  // rows in lanes for the pair blocks whatever nb is
+  const Index own = t.first_pos / kKeyBlock, n_blocks = own + 1;
+  if (own > 0) pack_query_pairs((nb + 15) / 16, hd, ts, ps);
+  for (Index b = 0; b < own; ++b) {
+    prefetch_next_queries(t, b, n_blocks);
+    pair_block(b * kKeyBlock, t, ts, ps);
+  }
+  prefetch_next_queries(t, own, n_blocks);
+  avx512::tile_block(own * kKeyBlock, avx512::uses_row_vectors(t), t, ts);
+  for (Index r = 0; r < nb; ++r) avx512::store_row(ts.o + r * hdp, ts.l[r], hd, t.out + r * t.ldo);
+}
+
+// ---- one query row (a decode step) ----------------------------------------------------------
+
+// 16 pairs from the 16 elements at a and at b (b null: zeros): lane i = a_i | b_i << 16, float32
+// rounded to bf16 (nearest even) or bf16 bits as they are (the same bits: rounding a bf16 value
+// gives it back). Masked: lanes outside m read as 0.
+GPT2_KERNEL_AVX512_BF16 inline __m512i pairs16(const float* a, const float* b) {
+  return round_pairs(_mm512_loadu_ps(a), b != nullptr ? _mm512_loadu_ps(b) : _mm512_setzero_ps());
+}
+GPT2_KERNEL_AVX512_BF16 inline __m512i pairs16(const std::uint16_t* a, const std::uint16_t* b) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  const __m256i hi = b != nullptr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))
+                                  : _mm256_setzero_si256();
+  return interleave_pairs(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+}
+GPT2_KERNEL_AVX512_BF16 inline __m512i pairs16(const float* a, const float* b, __mmask16 m) {
+  return round_pairs(_mm512_maskz_loadu_ps(m, a), _mm512_maskz_loadu_ps(m, b));
+}
+GPT2_KERNEL_AVX512_BF16 inline __m512i pairs16(const std::uint16_t* a, const std::uint16_t* b,
+                                               __mmask16 m) {
+  const __m256i lo = _mm256_maskz_loadu_epi16(m, a), hi = _mm256_maskz_loadu_epi16(m, b);
+  return interleave_pairs(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+}
+
+// p[0 .. 64) = the pair-chain scores of the row's q pairs (qp: hdp / 2 words) against a full
+// block: from its transposed keys kt when the cache keeps them (streamed kStreamAhead ahead), else
+// from its rows, transposed in registers.
+template <class E>
+GPT2_KERNEL_AVX512_BF16 inline void decode_pair_scores(const E* kt, const E* const* rows,
+                                                       Index head_dim, const std::uint32_t* qp,
+                                                       float* p) {
+  constexpr int G = kKeyBlock / 16;
+  __m512 acc[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+  if (kt != nullptr) {
+    for (Index k = 0; 2 * k < head_dim; ++k) {
+      const E* even = kt + 2 * k * kKeyBlock;
+      const E* odd = 2 * k + 1 < head_dim ? even + kKeyBlock : nullptr;  // an odd head_dim: 0
+      avx512::prefetch_stream(even, 2 * kKeyBlock * sizeof(E));
+      const __m512i q = broadcast_pair(qp + k);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+        acc[g] = dot_pairs(acc[g], pairs16(even + 16 * g, odd ? odd + 16 * g : nullptr), q);
+    }
+  } else {
+    for (Index d0 = 0; d0 < head_dim; d0 += 16) {
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        __m512 r[16];
+        avx512::load_keys_t16(rows, kKeyBlock, 16 * g, d0, head_dim, r);  // 0 past head_dim
+        const Index pairs = std::min<Index>(8, (head_dim - d0 + 1) / 2);
+        for (Index i = 0; i < pairs; ++i)
+          acc[g] = dot_pairs(acc[g], round_pairs(r[2 * i], r[2 * i + 1]),
+                             broadcast_pair(qp + d0 / 2 + i));
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) _mm512_store_ps(p + 16 * g, acc[g]);
+}
+
+// o_b[d0 .. d0 + 16 V) of a full block's partial: the pair chain over its value rows (float32 or
+// bf16 bits), p pairs at pp; each row fetched kStreamAhead ahead when `ahead`.
+template <int V, class E>
+GPT2_KERNEL_AVX512_BF16 inline void decode_pair_values(Index d0, Index head_dim,
+                                                       const E* const* vrow, bool ahead,
+                                                       const std::uint32_t* pp, float* part) {
+  __mmask16 dm[V];
+  __m512 acc[V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) {
+    dm[v] = avx512::lanes(d0 + 16 * v, head_dim);
+    acc[v] = _mm512_setzero_ps();
+  }
+  const bool full = d0 + 16 * V <= head_dim;
+  const std::uintptr_t row_bytes = static_cast<std::uintptr_t>(head_dim) * sizeof(E);
+  for (Index i = 0; i < kKeyBlock / 2; ++i) {
+    const E* a = vrow[2 * i] + d0;
+    const E* b = vrow[2 * i + 1] + d0;
+    if (ahead) {
+      avx512::prefetch_stream(a, row_bytes);
+      avx512::prefetch_stream(b, row_bytes);
+    }
+    const __m512i pk = broadcast_pair(pp + i);
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      acc[v] = dot_pairs(acc[v], pk,
+                         full ? pairs16(a + 16 * v, b + 16 * v) : pairs16(a + 16 * v, b + 16 * v, dm[v]));
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) _mm512_store_ps(part + kPartialHeader + d0 + 16 * v, acc[v]);
+}
+
+// The partial of the tile's one row over the full block from b0, which lies before its own: in
+// bf16 pairs (q pairs at qp), into part. Keys from rows: the next block's rows before key_end are
+// fetched into cache meanwhile.
+template <class E>
+GPT2_KERNEL_AVX512_BF16 inline void decode_pair_block(Index b0, Index key_end,
+                                                      const AttentionTile<float>& t,
+                                                      const E* const* key_pages,
+                                                      const E* const* value_pages,
+                                                      const std::uint32_t* qp,
+                                                      TileScratch<float>& ts, float* part) {
+  const Index hd = t.head_dim;
+  const E* row[kKeyBlock];
+  const E* kt = transposed_keys_of<E>(t);
+  if (kt != nullptr) {
+    decode_pair_scores<E>(kt + (b0 / kKeyBlock) * hd * kKeyBlock, nullptr, hd, qp, ts.p);
+  } else {
+    prefetch_keys_and_values(t, key_pages, value_pages, b0 + kKeyBlock, kKeyBlock, key_end);
+    page_rows_of<E>(key_pages, t.page_rows, t.key_stride, b0, kKeyBlock, row);
+    decode_pair_scores<E>(nullptr, row, hd, qp, ts.p);
+  }
+  page_rows_of<E>(value_pages, t.page_rows, t.value_stride, b0, kKeyBlock, row);
+  avx512::block_stats(kKeyBlock, ts.p, part);
+  std::uint32_t* pp = reinterpret_cast<std::uint32_t*>(ts.p);  // p as 32 pairs, in place
+  // cvtne2ps(b, a): words 0 .. 15 = a, 16 .. 31 = b, so 32-bit word w holds keys 2w, 2w + 1
+  // (p[32 h .. 32 h + 32) is read before words 16 h .. 16 h + 15 are written over its first half)
+  for (int h = 0; h < 2; ++h)
+    _mm512_store_si512(pp + 16 * h,
+                       reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
+                           _mm512_load_ps(ts.p + 32 * h + 16), _mm512_load_ps(ts.p + 32 * h))));
+  const bool streams = kt != nullptr;
+  const Index hdp = padded_head_dim(hd);
+  Index d0 = 0;
+  for (; d0 + 64 <= hdp; d0 += 64) decode_pair_values<4>(d0, hd, row, streams && d0 == 0, pp, part);
+  const bool ahead = streams && d0 == 0;
+  switch ((hdp - d0) / 16) {
+    case 3: decode_pair_values<3>(d0, hd, row, ahead, pp, part); break;
+    case 2: decode_pair_values<2>(d0, hd, row, ahead, pp, part); break;
+    case 1: decode_pair_values<1>(d0, hd, row, ahead, pp, part); break;
+    default: break;
+  }
+}
+
+// The row's q pairs (from qs, zero-padded) into qp.
+GPT2_KERNEL_AVX512_BF16 inline void row_query_pairs(Index head_dim, const TileScratch<float>& ts,
+                                                    std::uint32_t* qp) {
+  const Index hdp = padded_head_dim(head_dim);
+  for (Index d0 = 0; d0 < hdp; d0 += 32) {
+    const __m512 a = _mm512_load_ps(ts.qs + d0);
+    const __m512 b = d0 + 16 < hdp ? _mm512_load_ps(ts.qs + d0 + 16) : _mm512_setzero_ps();
+    // cvtne2ps(b, a): words 0 .. 15 = a, 16 .. 31 = b: components d0 .. d0 + 31 in order, so each
+    // 32-bit word is a pair (2k, 2k + 1)
+    _mm512_store_si512(qp + d0 / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+  }
+}
+
+// The partials of the tile's one row over blocks [block_begin, block_end): those before its own
+// block in bf16 pairs, its own (the last it sees) in float32 (avx512's decode_block).
+template <class E>
+GPT2_KERNEL_AVX512_BF16 inline void pair_row_partials(const AttentionTile<float>& t,
+                                                      const E* const* key_pages,
+                                                      const E* const* value_pages,
+                                                      Index block_begin, Index block_end,
+                                                      float* parts) {
+  TileScratch<float> ts(t.scratch, t.head_dim);
+  std::uint32_t* qp = reinterpret_cast<std::uint32_t*>(ts.qt);
+  const Index key_end = block_end * kKeyBlock, stride = partial_stride(t.head_dim);
+  const Index own = t.first_pos / kKeyBlock;
+  avx512::prefetch_decode_start(t, key_pages, value_pages, block_begin, key_end);
+  avx512::init_rows(t, ts);
+  row_query_pairs(t.head_dim, ts, qp);
+  for (Index b = block_begin; b < block_end; ++b) {
+    float* part = parts + (b - block_begin) * stride;
+    if (b < own)
+      decode_pair_block(b * kKeyBlock, key_end, t, key_pages, value_pages, qp, ts, part);
+    else
+      avx512::decode_block(b * kKeyBlock, key_end, t, key_pages, value_pages, ts, part);
+  }
+}
+
+// ---- the level's table entries: a bf16 tile (t.bf16) runs the above, a float32 one avx512's ---
+
+GPT2_KERNEL_AVX512_BF16 inline void attention_tile(const AttentionTile<float>& t) {
+  if (!t.bf16) return avx512::attention_tile(t);
+  if (t.rows == 1) {  // a decode step: block by block, each a partial merged in order
+    TileScratch<float> ts(t.scratch, t.head_dim);
+    const Index blocks = t.first_pos / kKeyBlock + 1;
+    float* part = ts.vb;
+    // the partials one at a time through ts.vb, merged into row 0's running state
+    avx512::init_rows(t, ts);
+    std::uint32_t* qp = reinterpret_cast<std::uint32_t*>(ts.qt);
+    row_query_pairs(t.head_dim, ts, qp);
+    const Index key_end = t.first_pos + 1;
+    avx512::prefetch_decode_start(t, t.key_pages, t.value_pages, 0, key_end);
+    for (Index b = 0; b < blocks; ++b) {
+      if (b + 1 < blocks)
+        decode_pair_block(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, qp, ts, part);
+      else
+        avx512::decode_block(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, ts, part);
+      avx512::fold_partial(part, t.head_dim, ts);
+    }
+    avx512::write_row(t, ts);
+    return;
+  }
+  // one tile per key block its rows lie in, in order
+  AttentionTile<float> part = t;
+  for (Index r0 = 0; r0 < t.rows;) {
+    const Index pos = t.first_pos + r0;
+    const Index r1 = std::min(t.rows, r0 + (kKeyBlock - pos % kKeyBlock));
+    part.rows = r1 - r0;
+    part.first_pos = pos;
+    part.q = t.q + r0 * t.ldq;
+    part.out = t.out + r0 * t.ldo;
+    if (part.rows == 1) {  // a single row: the decode arithmetic is the same
+      attention_tile(part);
+    } else {
+      block_tile(part);
+    }
+    r0 = r1;
+  }
+}
+
+GPT2_KERNEL_AVX512_BF16 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
+                                                 Index block_end, float* parts) {
+  if (t.bf16)
+    pair_row_partials(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
+  else
+    avx512::row_partials(t, block_begin, block_end, parts);
+}
+
+GPT2_KERNEL_AVX512_BF16 inline void row_partials_kv_bf16(const AttentionTile<float>& t,
+                                                         Index block_begin, Index block_end,
+                                                         float* parts) {
+  if (t.bf16)
+    pair_row_partials(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
+  else
+    avx512::row_partials_kv_bf16(t, block_begin, block_end, parts);
+}
+
+}  // namespace gpt2::kernels::avx512_bf16
+#endif  // GPT2_KERNELS_HAVE_AVX512
