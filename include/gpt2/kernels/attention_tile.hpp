@@ -22,7 +22,9 @@
 //   out = o / l
 // The vector levels (avx2, avx512) implement exactly this, with kexp of kernels/dispatch.hpp, and
 // give identical bits (tests/test_attention_core.cpp checks both against the scalar emulation of
-// tests/kernel_emulation.hpp). The generic level (float and double) runs the same steps in plain
+// tests/kernel_emulation.hpp). At avx512_bf16 a bf16 tile (bf16 weights) computes s_j and o_b of
+// the blocks before a row's own in bf16 pairs instead (kernels/avx512_bf16_attention.hpp); every
+// other step is the same. The generic level (float and double) runs the same steps in plain
 // C++ (products and sums as the compiler contracts them), so its rows are exact too, but its bits
 // are its own.
 //
@@ -63,7 +65,8 @@ struct AttentionTile {
   T* out = nullptr;
   Index ldo = 0;
   T* scratch = nullptr;  // attention_scratch_size<T>(head_dim) scalars, 64-byte aligned
-  bool bf16 = false;     // the products in bf16 (bf16 weights): the amx level's AMX core
+  bool bf16 = false;     // the products in bf16 (bf16 weights): the amx level's AMX core, the
+                         // avx512_bf16 level's VDPBF16PS before a row's own block
   // Keys and values as bf16 bits (a KVCacheBF16), read instead of key_pages and value_pages by the
   // kernels that take them (FloatKernels::row_partials_kv_bf16); strides then in bf16 elements.
   const std::uint16_t* const* key_pages_bf16 = nullptr;

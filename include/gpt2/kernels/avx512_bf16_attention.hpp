@@ -273,7 +273,11 @@ GPT2_KERNEL_AVX512_BF16 inline void pair_block(Index b0, const AttentionTile<flo
 }
 
 // A tile of 2 rows or more whose rows all lie in one key block (its last): the blocks before it
-// in bf16 pairs, then its own in float32 (avx512's tile_block).
+// in bf16 pairs, then its own in float32 (avx512's tile_block). The pair blocks always run with
+// rows in lanes, whose visibility masks take positions as 32-bit lanes: positions below 2^31,
+// which any cache that fits in memory keeps to. (A tile straddling a block boundary packs the
+// blocks before it once per part: prefill's tiles start on block boundaries when T is a multiple
+// of 64.)
 GPT2_KERNEL_AVX512_BF16 inline void block_tile(const AttentionTile<float>& t) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
   TileScratch<float> ts(t.scratch, hd);
@@ -294,8 +298,9 @@ GPT2_KERNEL_AVX512_BF16 inline void block_tile(const AttentionTile<float>& t) {
 // ---- one query row (a decode step) ----------------------------------------------------------
 
 // 16 pairs from the 16 elements at a and at b (b null: zeros): lane i = a_i | b_i << 16, float32
-// rounded to bf16 (nearest even) or bf16 bits as they are (the same bits: rounding a bf16 value
-// gives it back). Masked: lanes outside m read as 0.
+// rounded to bf16 (nearest even) or bf16 bits as they are. Both give VDPBF16PS the same operands:
+// rounding a normal bf16 value gives it back, and a bf16 subnormal, which the rounding would
+// flush, the instruction reads as zero anyway. The last two: lanes outside m read as 0.
 GPT2_KERNEL_AVX512_BF16 inline __m512i pairs16(const float* a, const float* b) {
   return round_pairs(_mm512_loadu_ps(a), b != nullptr ? _mm512_loadu_ps(b) : _mm512_setzero_ps());
 }

@@ -8,7 +8,8 @@
 //            plain x86-64 build); also the only level of double, of MSVC and of non-x86 builds
 //   avx2     AVX2 + FMA, 256-bit (kernels/avx2.hpp)
 //   avx512   AVX-512 F/BW/DQ/VL, 512-bit (kernels/avx512.hpp)
-//   avx512_bf16  avx512 plus AVX512-BF16: bf16 products on VDPBF16PS (kernels/avx512_bf16.hpp);
+//   avx512_bf16  avx512 plus AVX512-BF16: bf16 products on VDPBF16PS (kernels/avx512_bf16.hpp),
+//            and with bf16 weights the attention core's too (kernels/avx512_bf16_attention.hpp);
 //            its float32 kernels are avx512's
 //   amx      avx512_bf16 plus AMX-BF16 tiles: bf16 products on TDPBF16PS (kernels/amx.hpp); on
 //            Linux the process must be granted the tile data (arch_prctl, asked once): a refusal
@@ -319,7 +320,8 @@ struct FloatKernels {
 };
 
 // The table of a vector level (null for generic, and for a level this build does not have);
-// avx512_bf16 and amx run avx512's.
+// amx runs avx512's; avx512_bf16 avx512's but for the attention entries, whose bf16 tiles
+// (AttentionTile::bf16: bf16 weights) run both products on VDPBF16PS before a row's own block.
 GPT2_KERNELS_ENTRY_BEGIN
 #if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 const FloatKernels* float_kernels(Isa isa);
