@@ -240,6 +240,22 @@ GPT2_KERNEL_AVX512 inline void score_rows(Index r, Index b0, const AttentionTile
   for (int i = 0; i < R; ++i) block_softmax(visible_in_block(t.first_pos + r + i, b0), r + i, ts);
 }
 
+// o[r + i][d0 .. d0 + 16 V) = fma(acc[i], c, o * a) for R rows: a block's o_b merged into their
+// running o with the factors of merge_stats.
+template <int R, int V>
+GPT2_KERNEL_AVX512 __attribute__((always_inline)) inline void merge_values(
+    Index r, Index d0, Index hdp, const __m512 (&acc)[R][V], TileScratch<float>& ts) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    const __m512 a = _mm512_set1_ps(ts.a[r + i]), c = _mm512_set1_ps(ts.c[r + i]);
+    float* o = ts.o + (r + i) * hdp + d0;
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v)
+      _mm512_store_ps(o + 16 * v,
+                      _mm512_fmadd_ps(acc[i][v], c, _mm512_mul_ps(_mm512_load_ps(o + 16 * v), a)));
+  }
+}
+
 // o[r + i][d0 .. d0 + 16 V) = fma(o_b, c, o * a) with o_b = sum_j p_j v_j over the keys row r + i
 // sees, for R rows (their key counts n[i] do not decrease with i).
 template <int R, int V, bool Full>
@@ -278,15 +294,7 @@ GPT2_KERNEL_AVX512 inline void value_rows(Index r, Index d0, const Index (&n)[kV
                                     acc[i][v]);
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    const __m512 a = _mm512_set1_ps(ts.a[r + i]), c = _mm512_set1_ps(ts.c[r + i]);
-    float* o = ts.o + (r + i) * hdp + d0;
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v)
-      _mm512_store_ps(o + 16 * v,
-                      _mm512_fmadd_ps(acc[i][v], c, _mm512_mul_ps(_mm512_load_ps(o + 16 * v), a)));
-  }
+  merge_values<R, V>(r, d0, hdp, acc, ts);
 }
 
 // p of row i, key j at ts.p[i * prs + j * pks] (the per-row layout: prs = kKeyBlock, pks = 1;
@@ -583,6 +591,33 @@ GPT2_KERNEL_AVX512 inline bool all_lanes_see(__mmask16 active, Index g, Index b0
   return active == 0xFFFF && t.first_pos + 16 * g - b0 >= j;
 }
 
+// st[j0 + jj][row0 .. row0 + 16 G) = acc[jj] (jj < J): a key group's transposed scores stored.
+template <int J, int G>
+GPT2_KERNEL_AVX512 __attribute__((always_inline)) inline void store_scores_t(
+    const __m512 (&acc)[J][G], Index row0, Index j0, const TileScratch<float>& ts) {
+#pragma GCC unroll 8
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+      _mm512_store_ps(ts.p + (j0 + jj) * kTileMaxRows + row0 + 16 * g, acc[jj][g]);
+}
+
+// Row vector gg's block maximum and NaN flag updated with the scores acc[jj][g], jj < J, of the
+// lanes in `seen` (rows that see all J keys).
+template <int J, int G>
+GPT2_KERNEL_AVX512 __attribute__((always_inline)) inline void gather_max(
+    const __m512 (&acc)[J][G], int g, Index gg, __mmask16 seen, BlockMax& bm) {
+  __m512 mx = bm.mx[gg];
+  __mmask16 nan = bm.nan[gg];
+#pragma GCC unroll 8
+  for (int jj = 0; jj < J; ++jj) {
+    nan |= _mm512_mask_cmp_ps_mask(seen, acc[jj][g], acc[jj][g], _CMP_UNORD_Q);
+    mx = _mm512_mask_max_ps(mx, seen, mx, acc[jj][g]);
+  }
+  bm.mx[gg] = mx;
+  bm.nan[gg] = nan;
+}
+
 // st[j][row0 .. row0 + 16 G) = the scores of key j0 + jj (jj < J) against rows row0 .. row0 +
 // 16 G - 1 (qs^T in qt), and their visible ones (rows in [ra, nb)) into bm.
 template <int J, int G>
@@ -608,28 +643,18 @@ GPT2_KERNEL_AVX512 inline void scores_t(Index row0, Index j0, Index b0, Index ra
       for (int g = 0; g < G; ++g) acc[jj][g] = _mm512_fmadd_ps(qv[g], kd, acc[jj][g]);
     }
   }
-#pragma GCC unroll 8
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g)
-      _mm512_store_ps(ts.p + (j0 + jj) * kTileMaxRows + row0 + 16 * g, acc[jj][g]);
+  store_scores_t<J, G>(acc, row0, j0, ts);
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     const Index gg = row0 / 16 + g;
     const __mmask16 active = active_rows(gg, ra, nb);
+    if (all_lanes_see(active, gg, b0, j0 + J - 1, t)) {  // the same maxima, no masks to build
+      gather_max<J, G>(acc, g, gg, active, bm);
+      continue;
+    }
     const __m512i rel = relative_positions(gg, b0, t);
     __m512 mx = bm.mx[gg];
     __mmask16 nan = bm.nan[gg];
-    if (all_lanes_see(active, gg, b0, j0 + J - 1, t)) {  // the same maxima, no masks to build
-#pragma GCC unroll 8
-      for (int jj = 0; jj < J; ++jj) {
-        nan |= _mm512_cmp_ps_mask(acc[jj][g], acc[jj][g], _CMP_UNORD_Q);
-        mx = _mm512_max_ps(mx, acc[jj][g]);
-      }
-      bm.mx[gg] = mx;
-      bm.nan[gg] = nan;
-      continue;
-    }
 #pragma GCC unroll 8
     for (int jj = 0; jj < J; ++jj) {
       const __mmask16 vis =

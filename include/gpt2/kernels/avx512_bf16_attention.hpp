@@ -146,24 +146,11 @@ GPT2_KERNEL_AVX512_BF16 inline void pair_scores(Index row0, Index j0, Index ra, 
       for (int g = 0; g < G; ++g) acc[jj][g] = dot_pairs(acc[jj][g], qv[g], kp);
     }
   }
-#pragma GCC unroll 8
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g)
-      _mm512_store_ps(ts.p + (j0 + jj) * kTileMaxRows + row0 + 16 * g, acc[jj][g]);
+  avx512::store_scores_t<J, G>(acc, row0, j0, ts);
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     const Index gg = row0 / 16 + g;
-    const __mmask16 active = avx512::active_rows(gg, ra, nb);
-    __m512 mx = bm.mx[gg];
-    __mmask16 nan = bm.nan[gg];
-#pragma GCC unroll 8
-    for (int jj = 0; jj < J; ++jj) {
-      nan |= _mm512_mask_cmp_ps_mask(active, acc[jj][g], acc[jj][g], _CMP_UNORD_Q);
-      mx = _mm512_mask_max_ps(mx, active, mx, acc[jj][g]);
-    }
-    bm.mx[gg] = mx;
-    bm.nan[gg] = nan;
+    avx512::gather_max<J, G>(acc, g, gg, avx512::active_rows(gg, ra, nb), bm);
   }
 }
 
@@ -210,15 +197,7 @@ GPT2_KERNEL_AVX512_BF16 inline void pair_values(Index r, Index d0, Index head_di
       for (int v = 0; v < V; ++v) acc[i][v] = dot_pairs(acc[i][v], pk, vv[v]);
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    const __m512 a = _mm512_set1_ps(ts.a[r + i]), c = _mm512_set1_ps(ts.c[r + i]);
-    float* o = ts.o + (r + i) * hdp + d0;
-#pragma GCC unroll 4
-    for (int v = 0; v < V; ++v)
-      _mm512_store_ps(o + 16 * v,
-                      _mm512_fmadd_ps(acc[i][v], c, _mm512_mul_ps(_mm512_load_ps(o + 16 * v), a)));
-  }
+  avx512::merge_values<R, V>(r, d0, hdp, acc, ts);
 }
 
 template <int R>
