@@ -96,23 +96,10 @@ GPT2_KERNEL_AVX512_BF16 inline __m512 load_part(const float* p, Index d0, Index 
 GPT2_KERNEL_AVX512_BF16 inline void pack_block(const float* const* krow, const float* const* vrow,
                                                Index head_dim, const PairScratch& ps) {
   const Index hdp = padded_head_dim(head_dim);
-  for (Index j = 0; j < kKeyBlock; j += 2)
-    for (Index d0 = 0; d0 < hdp; d0 += 32) {  // two rows' 32 components: 16 words of each row
-      const __m512 a0 = load_part(krow[j], d0, head_dim), a1 = load_part(krow[j], d0 + 16, head_dim);
-      const __m512 b0 = load_part(krow[j + 1], d0, head_dim);
-      const __m512 b1 = load_part(krow[j + 1], d0 + 16, head_dim);
-      if (d0 + 32 <= hdp) {
-        _mm512_storeu_si512(ps.kb + j * hdp + d0,
-                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(a1, a0)));
-        _mm512_storeu_si512(ps.kb + (j + 1) * hdp + d0,
-                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b1, b0)));
-      } else {  // 16 components left
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(ps.kb + j * hdp + d0),
-                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a0)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(ps.kb + (j + 1) * hdp + d0),
-                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(b0)));
-      }
-    }
+  for (Index j = 0; j < kKeyBlock; ++j)
+    for (Index d0 = 0; d0 < hdp; d0 += 16)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(ps.kb + j * hdp + d0),
+                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(load_part(krow[j], d0, head_dim))));
   for (Index i = 0; i < kKeyBlock / 2; ++i)
     for (Index d0 = 0; d0 < hdp; d0 += 16)
       _mm512_store_si512(ps.vp + i * hdp + d0, round_pairs(load_part(vrow[2 * i], d0, head_dim),
@@ -262,15 +249,17 @@ GPT2_KERNEL_AVX512_BF16 inline void block_tile(const AttentionTile<float>& t) {
   TileScratch<float> ts(t.scratch, hd);
   const PairScratch ps(ts, hd);
   avx512::init_rows(t, ts);
-  avx512::transpose_queries(nb, t, ts);  // rows in lanes for the pair blocks whatever nb is
   const Index own = t.first_pos / kKeyBlock, n_blocks = own + 1;
+  const bool row_vectors = avx512::uses_row_vectors(t);
+  // q^T for rows in lanes: the pair blocks take them whatever nb is
+  if (own > 0 || row_vectors) avx512::transpose_queries(nb, t, ts);
   if (own > 0) pack_query_pairs((nb + 15) / 16, hd, ts, ps);
   for (Index b = 0; b < own; ++b) {
     prefetch_next_queries(t, b, n_blocks);
     pair_block(b * kKeyBlock, t, ts, ps);
   }
   prefetch_next_queries(t, own, n_blocks);
-  avx512::tile_block(own * kKeyBlock, avx512::uses_row_vectors(t), t, ts);
+  avx512::tile_block(own * kKeyBlock, row_vectors, t, ts);
   for (Index r = 0; r < nb; ++r) avx512::store_row(ts.o + r * hdp, ts.l[r], hd, t.out + r * t.ldo);
 }
 
@@ -368,6 +357,18 @@ GPT2_KERNEL_AVX512_BF16 inline void decode_pair_values(Index d0, Index head_dim,
   for (int v = 0; v < V; ++v) _mm512_store_ps(part + kPartialHeader + d0 + 16 * v, acc[v]);
 }
 
+// words[w] = bf16(x[2w]) | bf16(x[2w + 1]) << 16, w < n / 2, from n floats (a multiple of 16; a
+// last 16 pair with zeros), 64-byte aligned. x's 32 floats from 2w' are read before the words
+// from w' are written, so words may lie over x (in place).
+GPT2_KERNEL_AVX512_BF16 inline void consecutive_pairs(const float* x, Index n, std::uint32_t* words) {
+  for (Index i = 0; i < n; i += 32) {
+    const __m512 a = _mm512_load_ps(x + i);
+    const __m512 b = i + 16 < n ? _mm512_load_ps(x + i + 16) : _mm512_setzero_ps();
+    // cvtne2ps(b, a): words 0 .. 15 = a, 16 .. 31 = b, in order: each 32-bit word a pair
+    _mm512_store_si512(words + i / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+  }
+}
+
 // The partial of the tile's one row over the full block from b0, which lies before its own: in
 // bf16 pairs (q pairs at qp), into part. Keys from rows: the next block's rows before key_end are
 // fetched into cache meanwhile.
@@ -391,12 +392,7 @@ GPT2_KERNEL_AVX512_BF16 inline void decode_pair_block(Index b0, Index key_end,
   page_rows_of<E>(value_pages, t.page_rows, t.value_stride, b0, kKeyBlock, row);
   avx512::block_stats(kKeyBlock, ts.p, part);
   std::uint32_t* pp = reinterpret_cast<std::uint32_t*>(ts.p);  // p as 32 pairs, in place
-  // cvtne2ps(b, a): words 0 .. 15 = a, 16 .. 31 = b, so 32-bit word w holds keys 2w, 2w + 1
-  // (p[32 h .. 32 h + 32) is read before words 16 h .. 16 h + 15 are written over its first half)
-  for (int h = 0; h < 2; ++h)
-    _mm512_store_si512(pp + 16 * h,
-                       reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
-                           _mm512_load_ps(ts.p + 32 * h + 16), _mm512_load_ps(ts.p + 32 * h))));
+  consecutive_pairs(ts.p, kKeyBlock, pp);
   const bool streams = kt != nullptr;
   const Index hdp = padded_head_dim(hd);
   Index d0 = 0;
@@ -410,17 +406,28 @@ GPT2_KERNEL_AVX512_BF16 inline void decode_pair_block(Index b0, Index key_end,
   }
 }
 
-// The row's q pairs (from qs, zero-padded) into qp.
-GPT2_KERNEL_AVX512_BF16 inline void row_query_pairs(Index head_dim, const TileScratch<float>& ts,
-                                                    std::uint32_t* qp) {
-  const Index hdp = padded_head_dim(head_dim);
-  for (Index d0 = 0; d0 < hdp; d0 += 32) {
-    const __m512 a = _mm512_load_ps(ts.qs + d0);
-    const __m512 b = d0 + 16 < hdp ? _mm512_load_ps(ts.qs + d0 + 16) : _mm512_setzero_ps();
-    // cvtne2ps(b, a): words 0 .. 15 = a, 16 .. 31 = b: components d0 .. d0 + 31 in order, so each
-    // 32-bit word is a pair (2k, 2k + 1)
-    _mm512_store_si512(qp + d0 / 2, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
-  }
+// A decode row's start: q scaled into qs (avx512's init_rows), and its pairs into ts.qt, returned.
+GPT2_KERNEL_AVX512_BF16 inline const std::uint32_t* start_row(const AttentionTile<float>& t,
+                                                              TileScratch<float>& ts) {
+  avx512::init_rows(t, ts);
+  std::uint32_t* qp = reinterpret_cast<std::uint32_t*>(ts.qt);
+  consecutive_pairs(ts.qs, padded_head_dim(t.head_dim), qp);
+  return qp;
+}
+
+// The row's partial over key block b into part: in bf16 pairs before its own block, its own in
+// float32 (avx512's decode_block).
+template <class E>
+GPT2_KERNEL_AVX512_BF16 inline void row_block_partial(Index b, Index key_end,
+                                                      const AttentionTile<float>& t,
+                                                      const E* const* key_pages,
+                                                      const E* const* value_pages,
+                                                      const std::uint32_t* qp,
+                                                      TileScratch<float>& ts, float* part) {
+  if (b < t.first_pos / kKeyBlock)
+    decode_pair_block(b * kKeyBlock, key_end, t, key_pages, value_pages, qp, ts, part);
+  else
+    avx512::decode_block(b * kKeyBlock, key_end, t, key_pages, value_pages, ts, part);
 }
 
 // The partials of the tile's one row over blocks [block_begin, block_end): those before its own
@@ -432,19 +439,12 @@ GPT2_KERNEL_AVX512_BF16 inline void pair_row_partials(const AttentionTile<float>
                                                       Index block_begin, Index block_end,
                                                       float* parts) {
   TileScratch<float> ts(t.scratch, t.head_dim);
-  std::uint32_t* qp = reinterpret_cast<std::uint32_t*>(ts.qt);
   const Index key_end = block_end * kKeyBlock, stride = partial_stride(t.head_dim);
-  const Index own = t.first_pos / kKeyBlock;
   avx512::prefetch_decode_start(t, key_pages, value_pages, block_begin, key_end);
-  avx512::init_rows(t, ts);
-  row_query_pairs(t.head_dim, ts, qp);
-  for (Index b = block_begin; b < block_end; ++b) {
-    float* part = parts + (b - block_begin) * stride;
-    if (b < own)
-      decode_pair_block(b * kKeyBlock, key_end, t, key_pages, value_pages, qp, ts, part);
-    else
-      avx512::decode_block(b * kKeyBlock, key_end, t, key_pages, value_pages, ts, part);
-  }
+  const std::uint32_t* qp = start_row(t, ts);
+  for (Index b = block_begin; b < block_end; ++b)
+    row_block_partial(b, key_end, t, key_pages, value_pages, qp, ts,
+                      parts + (b - block_begin) * stride);
 }
 
 // ---- the level's table entries: a bf16 tile (t.bf16) runs the above, a float32 one avx512's ---
@@ -453,19 +453,12 @@ GPT2_KERNEL_AVX512_BF16 inline void attention_tile(const AttentionTile<float>& t
   if (!t.bf16) return avx512::attention_tile(t);
   if (t.rows == 1) {  // a decode step: block by block, each a partial merged in order
     TileScratch<float> ts(t.scratch, t.head_dim);
-    const Index blocks = t.first_pos / kKeyBlock + 1;
-    float* part = ts.vb;
-    // the partials one at a time through ts.vb, merged into row 0's running state
-    avx512::init_rows(t, ts);
-    std::uint32_t* qp = reinterpret_cast<std::uint32_t*>(ts.qt);
-    row_query_pairs(t.head_dim, ts, qp);
-    const Index key_end = t.first_pos + 1;
+    const Index key_end = t.first_pos + 1, blocks = t.first_pos / kKeyBlock + 1;
+    float* part = ts.vb;  // the partials one at a time, merged into row 0's running state
     avx512::prefetch_decode_start(t, t.key_pages, t.value_pages, 0, key_end);
+    const std::uint32_t* qp = start_row(t, ts);
     for (Index b = 0; b < blocks; ++b) {
-      if (b + 1 < blocks)
-        decode_pair_block(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, qp, ts, part);
-      else
-        avx512::decode_block(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, ts, part);
+      row_block_partial(b, key_end, t, t.key_pages, t.value_pages, qp, ts, part);
       avx512::fold_partial(part, t.head_dim, ts);
     }
     avx512::write_row(t, ts);
