@@ -143,13 +143,22 @@ using avx512::lanes;
 inline constexpr Index bf16_copy_floats(Index rows, Index depth) { return (rows * depth + 1) / 2; }
 
 // dst[r, 0 .. depth) = bf16(A[r, 0 .. depth)) for r < rows, zeros past K (depth even, >= K; dst
-// 64-byte aligned, row stride `depth`): VCVTNE2PS2BF16, nearest even.
+// 64-byte aligned, row stride `depth`): VCVTNE2PS2BF16, nearest even. Plain loads and stores where
+// all 32 elements lie within K and depth: a prefill's A comes from L3 once per column block, and
+// masked loads there kept the whole copy at a fraction of the rate (AMD Zen 5: 12% of a prefill_bf16
+// at T = 1024, docs/speed.md).
 GPT2_KERNEL_AVX512_BF16 inline void round_rows_to_bf16(Index rows, Index K, const float* A,
                                                        Index lda, Index depth, std::uint16_t* dst) {
   for (Index r = 0; r < rows; ++r) {
     const float* a = A + r * lda;
     std::uint16_t* d = dst + r * depth;
-    for (Index k = 0; k < depth; k += 32) {
+    Index k = 0;
+    for (; k + 32 <= K && k + 32 <= depth; k += 32) {
+      const __m512i packed = reinterpret_cast<__m512i>(
+          _mm512_cvtne2ps_pbh(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(a + k)));
+      _mm512_storeu_si512(d + k, packed);
+    }
+    for (; k < depth; k += 32) {
       const __m512 lo = _mm512_maskz_loadu_ps(lanes(k, K), a + k);
       const __m512 hi = _mm512_maskz_loadu_ps(lanes(k + 16, K), a + k + 16);
       const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
