@@ -144,16 +144,16 @@ inline constexpr Index bf16_copy_floats(Index rows, Index depth) { return (rows 
 
 // dst[r, 0 .. depth) = bf16(A[r, 0 .. depth)) for r < rows, zeros past K (depth even, >= K; dst
 // 64-byte aligned, row stride `depth`): VCVTNE2PS2BF16, nearest even. Plain loads and stores where
-// all 32 elements lie within K and depth: a prefill's A comes from L3 once per column block, and
-// masked loads there kept the whole copy at a fraction of the rate (AMD Zen 5: 12% of a prefill_bf16
-// at T = 1024, docs/speed.md).
+// all 32 elements lie within K: a prefill's A comes from L3 once per column block, and masked
+// loads there kept the whole copy at a fraction of the rate (AMD Zen 5: 12% of a prefill_bf16 at
+// T = 1024, docs/bf16.md).
 GPT2_KERNEL_AVX512_BF16 inline void round_rows_to_bf16(Index rows, Index K, const float* A,
                                                        Index lda, Index depth, std::uint16_t* dst) {
   for (Index r = 0; r < rows; ++r) {
     const float* a = A + r * lda;
     std::uint16_t* d = dst + r * depth;
     Index k = 0;
-    for (; k + 32 <= K && k + 32 <= depth; k += 32) {
+    for (; k + 32 <= K; k += 32) {  // K <= depth
       const __m512i packed = reinterpret_cast<__m512i>(
           _mm512_cvtne2ps_pbh(_mm512_loadu_ps(a + k + 16), _mm512_loadu_ps(a + k)));
       _mm512_storeu_si512(d + k, packed);
