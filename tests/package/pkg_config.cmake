@@ -2,6 +2,7 @@
 # a build without CMake uses them, a plain compiler command line:
 #   c++ -std=c++17 main.cpp $(pkg-config --cflags --libs gpt2-attention) -o app
 # with PKG_CONFIG_PATH pointing into the scratch prefix of the package_install fixture.
+# (-O0, as the other consumers: the test is about the flags pkg-config gives, CMakeLists.txt.)
 #   cmake -DPKG_CONFIG=<pkg-config> -DCXX_COMPILER=<c++> -DPREFIX=<prefix> -DSOURCE_DIR=<tests/package>
 #         -DBINARY_DIR=<scratch dir> -DGPT2_VERSION=<x.y.z> -DOPENMP=<ON|OFF> -DHAVE_IO=<ON|OFF>
 #         [-DPKGCONFIGDIR=share/pkgconfig] -P pkg_config.cmake
@@ -85,7 +86,7 @@ if(OPENMP)
 else()
   set(_openmp no-openmp)
 endif()
-shell(build "'${CXX_COMPILER}' -std=c++17 -O1 '${SOURCE_DIR}/pkg_config/main.cpp' \$('${PKG_CONFIG}' --cflags --libs gpt2-attention) -o app")
+shell(build "'${CXX_COMPILER}' -std=c++17 -O0 '${SOURCE_DIR}/pkg_config/main.cpp' \$('${PKG_CONFIG}' --cflags --libs gpt2-attention) -o app")
 shell(run "./app ${_version} ${_openmp}")
 
 # The io component: its own .pc file (Requires: gpt2-attention, nlohmann_json), when installed.
@@ -98,7 +99,7 @@ if(HAVE_IO)
   if(NOT _io_version STREQUAL GPT2_VERSION)
     message(FATAL_ERROR "pkg-config --modversion gpt2-attention-io: ${_io_version}, expected ${GPT2_VERSION}")
   endif()
-  shell(build_io "'${CXX_COMPILER}' -std=c++17 -O1 '${SOURCE_DIR}/find_package/main_io.cpp' \$('${PKG_CONFIG}' --cflags --libs gpt2-attention-io) -o app_io")
+  shell(build_io "'${CXX_COMPILER}' -std=c++17 -O0 '${SOURCE_DIR}/find_package/main_io.cpp' \$('${PKG_CONFIG}' --cflags --libs gpt2-attention-io) -o app_io")
   shell(run_io "./app_io roundtrip.npy")
 elseif(_io_rc EQUAL 0)
   message(FATAL_ERROR "gpt2-attention-io.pc installed by a build without the io component")
