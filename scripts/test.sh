@@ -11,6 +11,8 @@
 #   3. tsan  (ThreadSanitizer, OpenMP off): the concurrency tests (test_concurrency, test_paged_concurrency).
 #   4. fuzz  (clang, libFuzzer + ASan + UBSan): each fuzz target for GPT2_FUZZ_SECONDS (default 60)
 #            seconds, the three at once (tests/fuzz/run.sh), starting from tests/fuzz/corpus/.
+#   The test presets run every entry with OMP_WAIT_POLICY=PASSIVE: ctest runs two at once, and
+#   OpenMP threads spinning at a barrier would take the other entry's core (docs/hardening.md).
 #   GPT2_SMALL_WEIGHTS=/path/to/gpt2-small-h0-attention.safetensors scripts/test.sh
 #     also runs the tests against the real GPT-2 layer-0 weights.
 #   GPT2_JOBS=<n> (default 2): parallel compile and test jobs.
