@@ -525,16 +525,25 @@ TEST(KVCacheKeyBlocks, SplitDecodeStepsOverThreadsAreBitwise) {
 // region (qkv, then each head's cache rows and attention on one thread, then the projection):
 // the bits of the one-thread steps at every level (out and cache), and of the whole-sequence
 // forward where the projections are row-exact, on 2 to 4 threads, with out the same storage as x,
-// and with a head_dim that ends mid-vector (20).
+// and with a head_dim that ends mid-vector (20). C 384 (6 heads of 64) on 2 threads takes the path
+// where each thread computes its own heads' q, k, v columns and attends them with no barrier in
+// between (decode_heads_split_aligned); the others, and 3 or 4 threads there, the qkv product's
+// own column parts, then the heads.
 TYPED_TEST(KVCacheTest, DecodeStepsInOneRegionAreBitwise) {
   using T = TypeParam;
   if (!gpt2::kHasOpenMP) GTEST_SKIP() << "skipped: built without OpenMP (one thread only)";
   const gpt2::test::ThreadCount restore;
   const bool exact = gpt2::detail::row_exact_projections<T>();
-  for (const Index C : {Index{256}, Index{80}}) {
-    const Model<T> m = random_model<T>(C, 4, 31);
+  struct Shape {
+    Index C, heads;
+  };
+  for (const Shape shape : {Shape{256, 4}, Shape{80, 4}, Shape{384, 6}}) {
+    const Index C = shape.C, n_head = shape.heads;
+    const Model<T> m = random_model<T>(C, n_head, 31);
+    EXPECT_EQ(gpt2::detail::decode_heads_split_aligned(m.config, 2), n_head == 6) << "C " << C;
+    EXPECT_FALSE(gpt2::detail::decode_heads_split_aligned(m.config, 3)) << "C " << C;
     const gpt2::AttentionWeights<T> w = m.weights();
-    const Index T_ = 200, prompt = 130, hd = C / 4;
+    const Index T_ = 200, prompt = 130, hd = C / n_head;
     const RowMatrix<T> x = random_input<T>(T_, C, 32);
     RowMatrix<T> whole(T_, C);
     gpt2::Workspace<T> whole_ws(m.config);
@@ -561,7 +570,7 @@ TYPED_TEST(KVCacheTest, DecodeStepsInOneRegionAreBitwise) {
         continue;
       }
       EXPECT_TRUE(out == one_out);
-      for (Index h = 0; h < 4; ++h) {
+      for (Index h = 0; h < n_head; ++h) {
         EXPECT_TRUE(cache.keys(h) == one.keys(h)) << "head " << h;
         EXPECT_TRUE(cache.values(h) == one.values(h)) << "head " << h;
         if (const T* blocks = cache.transposed_key_blocks(h)) {

@@ -293,37 +293,42 @@ INSTANTIATE_TEST_SUITE_P(Cases, KVCacheBF16Forward, ::testing::ValuesIn(kCases),
 // Decode steps on 2 or more threads with at least as many heads as threads run in one parallel
 // region (qkv; each head's rounded cache rows, partials and merge on one thread; the projection):
 // the rounded-KV forward's bits and the same cache bits on 1 to 4 threads, with float32 and bf16
-// weights. (At generic, which widens the cache first, the steps take the general path: the same
-// checks.)
+// weights; 6 heads of 64 on 2 threads also where each thread computes its own heads' q, k, v
+// columns and attends them with no barrier between (decode_heads_split_aligned). (At generic,
+// which widens the cache first, the steps take the general path: the same checks.)
 TEST(KVCacheBF16, DecodeStepsInOneRegionAreBitwiseOnAnyThreadCount) {
   if (!gpt2::kHasOpenMP) GTEST_SKIP() << "skipped: built without OpenMP (one thread only)";
   const gpt2::test::ThreadCount restore;
-  const auto model = random_model<float>(256, 4, 24);
-  for (const gpt2::WeightDtype dtype : {gpt2::WeightDtype::float32, gpt2::WeightDtype::bf16}) {
-    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights(), dtype);
-    const RowMatrix<float> x = random_input<float>(230, 256, 25);
-    const RowMatrix<float> expected = rounded_kv_reference(w, x, nullptr);
-    std::vector<Index> chunks{150};
-    chunks.resize(81, 1);
-    KVCacheBF16 first({256, 4}, 0);
-    for (const int threads : {1, 2, 3, 4}) {
-      SCOPED_TRACE(::testing::Message() << threads << " threads, bf16 weights "
-                                        << (dtype == gpt2::WeightDtype::bf16));
-      ASSERT_EQ(gpt2::set_num_threads(threads), threads);
-      KVCacheBF16 cache({256, 4}, 0);
-      const RowMatrix<float> out = run_chunked(w, x, chunks, nullptr, &cache);
-      EXPECT_TRUE(same(out.bottomRows(80), expected.bottomRows(80)));
-      if (threads == 1) {
-        first = std::move(cache);
-        continue;
-      }
-      for (Index h = 0; h < 4; ++h) {
-        EXPECT_TRUE(cache.key_bits(h) == first.key_bits(h)) << "head " << h;
-        EXPECT_TRUE(cache.value_bits(h) == first.value_bits(h)) << "head " << h;
-        const Index n = (230 + 63) / 64 * 64 * 64;
-        EXPECT_TRUE(std::equal(cache.transposed_key_blocks(h), cache.transposed_key_blocks(h) + n,
-                               first.transposed_key_blocks(h)))
-            << "head " << h;
+  for (const Index n_head : {Index{4}, Index{6}}) {
+    const Index C = 64 * n_head;
+    const auto model = random_model<float>(C, n_head, 24);
+    for (const gpt2::WeightDtype dtype : {gpt2::WeightDtype::float32, gpt2::WeightDtype::bf16}) {
+      const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights(), dtype);
+      const RowMatrix<float> x = random_input<float>(230, C, 25);
+      const RowMatrix<float> expected = rounded_kv_reference(w, x, nullptr);
+      std::vector<Index> chunks{150};
+      chunks.resize(81, 1);
+      KVCacheBF16 first({C, n_head}, 0);
+      for (const int threads : {1, 2, 3, 4}) {
+        SCOPED_TRACE(::testing::Message() << n_head << " heads, " << threads
+                                          << " threads, bf16 weights "
+                                          << (dtype == gpt2::WeightDtype::bf16));
+        ASSERT_EQ(gpt2::set_num_threads(threads), threads);
+        KVCacheBF16 cache({C, n_head}, 0);
+        const RowMatrix<float> out = run_chunked(w, x, chunks, nullptr, &cache);
+        EXPECT_TRUE(same(out.bottomRows(80), expected.bottomRows(80)));
+        if (threads == 1) {
+          first = std::move(cache);
+          continue;
+        }
+        for (Index h = 0; h < n_head; ++h) {
+          EXPECT_TRUE(cache.key_bits(h) == first.key_bits(h)) << "head " << h;
+          EXPECT_TRUE(cache.value_bits(h) == first.value_bits(h)) << "head " << h;
+          const Index n = (230 + 63) / 64 * 64 * 64;
+          EXPECT_TRUE(std::equal(cache.transposed_key_blocks(h), cache.transposed_key_blocks(h) + n,
+                                 first.transposed_key_blocks(h)))
+              << "head " << h;
+        }
       }
     }
   }

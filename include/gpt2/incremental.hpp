@@ -74,10 +74,27 @@ void attend_cached(const AttentionConfig& config, const ConstMatrixRef<T>& qkv,
       [&](Index h) { return cache.transposed_key_blocks(h); });
 }
 
-// A decode step's one parallel region (x [1, C]) on n_threads threads: the qkv product's column
-// parts (ws.qkv's first row, [1, 3C]), then head_step(h, thread) for every head (it must leave head
-// h's slot of ws.merged's first row, [1, C], written), then the output projection's column parts
-// (out [1, C]), each step after a barrier. The qkv and projection parts are projection_parallel's.
+// Whether a decode step's heads split into `parts` contiguous ranges (column_part over the heads)
+// whose q, k and v columns start and end on multiples of kProjectionColumnAlign: then each column
+// is computed by the same kernel path as in the qkv product's own column parts (same bits), and
+// one thread can compute a range's columns and attend its heads with no barrier in between.
+inline bool decode_heads_split_aligned(const AttentionConfig& config, Index parts) {
+  for (Index part = 1; part < parts; ++part)
+    if (column_part(config.n_head, part, parts, 1).begin * config.head_dim() %
+            kProjectionColumnAlign != 0)
+      return false;
+  return true;
+}
+
+// A decode step's one parallel region (x [1, C]) on n_threads threads, then the output
+// projection's column parts (out [1, C]) after a barrier. Before it, ws.qkv's first row [1, 3C]
+// = x @ c_attn.weight + c_attn.bias, and head_step(h, thread) for every head (it must leave head
+// h's slot of ws.merged's first row, [1, C], written): where the heads split evenly on aligned
+// columns (decode_heads_split_aligned), a task per range of heads computes those heads' q, k and v
+// columns and then runs their head steps, with no barrier between the two (a head needs only its
+// own columns); otherwise the qkv product's column parts, a barrier, then the heads. Every column
+// is one projection_columns call's over whole aligned blocks either way: the same bits. The qkv
+// and projection parts are projection_parallel's.
 template <class T, class HeadStep>
 void decode_step_region(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
                         Workspace<T>& ws, MatrixRef<T>& out, int n_threads,
@@ -85,13 +102,28 @@ void decode_step_region(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x
   MatrixRef<T> qkv = ws.qkv.topRows(1);
   const ConstMatrixRef<T> merged = ws.merged.topRows(1);
   use_weight_dtype(ws, w.weight_dtype());
-  const Index parts = projection_parts(ws, n_threads);
+  const AttentionConfig& config = w.config();
+  const Index parts = projection_parts(ws, n_threads), C = config.n_embd, hd = config.head_dim();
+  const bool by_heads = decode_heads_split_aligned(config, parts);
   parallel_steps(n_threads, [&](const Team& team) {
-    team.tasks(parts, [&](Index part, int thread) {  // qkv = x @ c_attn.weight + c_attn.bias
-      projection_part<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(), qkv, ws,
-                         part, parts, thread);
-    });
-    team.tasks(w.n_head(), head_step);
+    if (by_heads) {
+      team.tasks(parts, [&](Index part, int thread) {  // heads [begin, end): q, k, v, then heads
+        const ColumnRange heads = column_part(config.n_head, part, parts, 1);
+        GemmScratch<T>& gemm = ws.threads[static_cast<std::size_t>(thread)].gemm;
+        for (Index block = 0; block < 3; ++block) {  // q | k | v
+          const Index j0 = block * C + heads.begin * hd, n = heads.size() * hd;
+          projection_columns<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(),
+                                j0, n, qkv.middleCols(j0, n), gemm);
+        }
+        for (Index h = heads.begin; h < heads.end; ++h) head_step(h, thread);
+      });
+    } else {
+      team.tasks(parts, [&](Index part, int thread) {  // qkv = x @ c_attn.weight + c_attn.bias
+        projection_part<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(), qkv,
+                           ws, part, parts, thread);
+      });
+      team.tasks(w.n_head(), head_step);
+    }
     team.tasks(parts, [&](Index part, int thread) {  // out = merged @ c_proj.weight + c_proj.bias
       projection_part<T>(merged, w.c_proj_weight(), w.packed_c_proj_weight(), w.c_proj_bias(), out,
                          ws, part, parts, thread);

@@ -99,8 +99,16 @@ GPT2_KERNEL_AVX512 inline void row_times_matrix(Index N, Index K, const float* a
   for (; j0 < N; j0 += 64) row_strip<4>(j0, N, K, a, B, ldb, c);
 }
 
+// Rows (of 128 bytes, two cache lines) ahead that packed_strip prefetches in each panel. Both
+// lines of a row: prefetching one line per row (the row's first) left every other line of the
+// stream to the hardware. Measured (AMD Zen 5, one interleaved run against one line 4 rows ahead):
+// decode past 0 1.07-1.16x, decode past 1023 1.05-1.09x, decode_model 1.07-1.11x; 16 rows ahead
+// and an L2 hint (T1) were slower than 8 (docs/speed.md).
+inline constexpr Index kPanelPrefetchRows = 8;
+
 // c[p0 * 32, ...) += a[1, K] * (P panels of a packed B from panel p0): 2 P accumulators; each
-// panel is one contiguous stream (K rows of 128 bytes), prefetched kPrefetchRows rows ahead.
+// panel is one contiguous stream (K rows of 128 bytes), both lines of a row prefetched
+// kPanelPrefetchRows rows ahead.
 template <int P>
 GPT2_KERNEL_AVX512 inline void packed_strip(Index p0, Index N, Index K, const float* a,
                                             const float* Bp, float* c) {
@@ -118,7 +126,11 @@ GPT2_KERNEL_AVX512 inline void packed_strip(Index p0, Index N, Index K, const fl
 #pragma GCC unroll 8
     for (int p = 0; p < P; ++p) {
       const float* row = panel + p * K * kTileCols + k * kTileCols;
-      if (k + kPrefetchRows < K) _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchRows * kTileCols), _MM_HINT_T0);
+      if (k + kPanelPrefetchRows < K) {
+        const char* ahead = reinterpret_cast<const char*>(row + kPanelPrefetchRows * kTileCols);
+        _mm_prefetch(ahead, _MM_HINT_T0);
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      }
       acc[2 * p] = _mm512_fmadd_ps(ak, _mm512_load_ps(row), acc[2 * p]);
       acc[2 * p + 1] = _mm512_fmadd_ps(ak, _mm512_load_ps(row + 16), acc[2 * p + 1]);
     }
