@@ -101,9 +101,9 @@ GPT2_KERNEL_AVX512 inline void row_times_matrix(Index N, Index K, const float* a
 
 // Rows (of 128 bytes, two cache lines) ahead that packed_strip prefetches in each panel. Both
 // lines of a row: prefetching one line per row (the row's first) left every other line of the
-// stream to the hardware. Measured (AMD Zen 5, one interleaved run against one line 4 rows ahead):
-// decode past 0 1.07-1.16x, decode past 1023 1.05-1.09x, decode_model 1.07-1.11x; 16 rows ahead
-// and an L2 hint (T1) were slower than 8 (docs/speed.md).
+// stream to the hardware. Against one line 4 rows ahead (AMD Zen 5, interleaved runs): decode
+// past 0 1.07-1.16x in two runs, 1.00x in two others; 16 rows ahead and an L2 hint (T1) were
+// slower than 8 (docs/speed.md).
 inline constexpr Index kPanelPrefetchRows = 8;
 
 // c[p0 * 32, ...) += a[1, K] * (P panels of a packed B from panel p0): 2 P accumulators; each
