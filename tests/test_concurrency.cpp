@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -250,6 +251,39 @@ TEST(ConcurrencyStepBarrier, OrdersEachStepsWritesBeforeTheNextStep) {
   for (std::thread& t : team) t.join();
   EXPECT_EQ(wrong.load(), 0);
   for (const int v : value) EXPECT_EQ(v, kSteps);
+}
+
+// detail::WorkerTeam (the threads a decode step's steps run on, with OpenMP) on its own, so that
+// ThreadSanitizer checks its hand-over: each call's threads write plain ints that the caller reads
+// after run() returns, and read what the caller wrote before it; over many calls, with workers
+// that sleep between calls and workers that spin, and a team destroyed while its workers sleep.
+TEST(ConcurrencyWorkerTeam, HandsEachCallsWritesToTheCaller) {
+  using gpt2::detail::WaitPolicy;
+  using std::chrono::microseconds;
+  for (const WaitPolicy& policy : {WaitPolicy{microseconds(0), microseconds(0), true},
+                                   WaitPolicy{microseconds(20), microseconds(100), true},
+                                   WaitPolicy{microseconds(20), microseconds(100), false}}) {
+    constexpr int kTeam = 4, kCalls = 300;
+    gpt2::detail::WorkerTeam team(kTeam - 1, policy);
+    std::vector<int> value(kTeam, 0);
+    int input = 0, wrong = 0;
+    for (int call = 1; call <= kCalls; ++call) {
+      input = call;
+      const int n = 1 + call % kTeam;
+      team.run(n, [&](int thread) {
+        if (input == call) value[static_cast<std::size_t>(thread)]++;  // the caller's write, seen
+      });
+      wrong += value[0] != call;
+      if (call % 50 == 0) std::this_thread::sleep_for(microseconds(300));  // let them sleep
+    }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(value[0], kCalls);
+    int total = 0;
+    for (const int v : value) total += v;
+    int expected = 0;
+    for (int call = 1; call <= kCalls; ++call) expected += 1 + call % kTeam;
+    EXPECT_EQ(total, expected);
+  }
 }
 
 }  // namespace

@@ -1,13 +1,20 @@
-// threads.hpp and parallel.hpp: the forwards give bitwise the same results on any number of threads,
-// the task runner runs every task once and carries exceptions out, and the workspace grows its
-// per-thread scratch when the thread count grows.
+// threads.hpp, parallel.hpp and detail/worker_team.hpp: the forwards give bitwise the same results
+// on any number of threads, the task runner runs every task once and carries exceptions out, the
+// workspace grows its per-thread scratch when the thread count grows, and the worker teams that
+// decode steps run on start, wait, wake and survive fork() as they should.
 #include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -280,6 +287,134 @@ TEST(ParallelSteps, RethrowTheFirstExceptionAndSkipTheLaterSteps) {
                  std::runtime_error);
     EXPECT_EQ(later, 0);
   }
+}
+
+// ---- WorkerTeam (detail/worker_team.hpp): the threads parallel_steps runs a decode step on ----
+
+using gpt2::detail::WaitPolicy;
+using gpt2::detail::WorkerTeam;
+using Microseconds = std::chrono::microseconds;
+
+// The ways a team's workers wait between calls: sleeping at once (OMP_WAIT_POLICY=PASSIVE, which
+// the ctest presets set), spinning then yielding then sleeping (the default, with times short
+// enough that the gaps between calls below cross each phase), and never sleeping (ACTIVE).
+std::vector<WaitPolicy> wait_policies() {
+  return {WaitPolicy{Microseconds(0), Microseconds(0), true},
+          WaitPolicy{Microseconds(50), Microseconds(500), true},
+          WaitPolicy{Microseconds(50), Microseconds(500), false}};
+}
+
+// run(n, f) calls f once on each of threads 0 .. n - 1 and no other, thread 0 on the caller and
+// the others each on a thread of its own, whether the workers were spinning, yielding or asleep
+// when it came (gaps of 0, 0.2 and 3 ms between calls), and with fewer threads than the team has.
+// f's plain writes are seen by the caller once run returns.
+TEST(WorkerTeam, RunsEachThreadOnceWithTheCallerAsThreadZero) {
+  for (const WaitPolicy& policy : wait_policies()) {
+    WorkerTeam team(3, policy);
+    ASSERT_EQ(team.workers(), 3);
+    for (int n = 1; n <= 4; ++n)
+      for (const int gap_us : {0, 200, 3000}) {
+        std::vector<int> ran(4, 0);
+        std::vector<std::thread::id> who(4);
+        team.run(n, [&](int thread) {
+          ran[static_cast<std::size_t>(thread)]++;
+          who[static_cast<std::size_t>(thread)] = std::this_thread::get_id();
+        });
+        for (int t = 0; t < 4; ++t)
+          EXPECT_EQ(ran[static_cast<std::size_t>(t)], t < n ? 1 : 0)
+              << "thread " << t << " of " << n << ", gap " << gap_us << " us";
+        EXPECT_EQ(who[0], std::this_thread::get_id());
+        const std::set<std::thread::id> distinct(who.begin(), who.begin() + n);
+        EXPECT_EQ(distinct.size(), static_cast<std::size_t>(n)) << n << " threads";
+        std::this_thread::sleep_for(Microseconds(gap_us));
+      }
+  }
+}
+
+// The n calls of one run are under way at the same time (each waits for all to have started):
+// a team that ran them one after another would time out here.
+TEST(WorkerTeam, ItsThreadsRunAtOnce) {
+  for (const WaitPolicy& policy : wait_policies()) {
+    WorkerTeam team(2, policy);
+    std::atomic<int> started{0}, timed_out{0};
+    team.run(3, [&](int) {
+      started++;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (started.load() < 3) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          timed_out++;
+          return;
+        }
+        std::this_thread::yield();
+      }
+    });
+    EXPECT_EQ(timed_out.load(), 0);
+  }
+}
+
+// Each calling thread has a team of its own, kept between calls and remade larger when a call
+// wants more workers than it has.
+TEST(WorkerTeam, EachCallingThreadHasItsOwnTeamGrownOnDemand) {
+  WorkerTeam* const a = WorkerTeam::of_this_thread(1);
+  ASSERT_NE(a, nullptr);
+  const int had = a->workers();
+  EXPECT_GE(had, 1);
+  EXPECT_EQ(WorkerTeam::of_this_thread(1), a);
+  WorkerTeam* const b = WorkerTeam::of_this_thread(had + 2);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->workers(), had + 2);
+  EXPECT_EQ(WorkerTeam::of_this_thread(had), b);
+  std::atomic<int> others_own{0};
+  std::thread other([&] {
+    WorkerTeam* const c = WorkerTeam::of_this_thread(1);
+    others_own = c != nullptr && c != b && c == WorkerTeam::of_this_thread(1);
+  });
+  other.join();
+  EXPECT_EQ(others_own.load(), 1);
+}
+
+// OMP_WAIT_POLICY sets how a team's workers wait, as it does for OpenMP's threads.
+TEST(WorkerTeam, FollowsOmpWaitPolicy) {
+  const char* was = std::getenv("OMP_WAIT_POLICY");
+  const std::string saved = was ? was : "";
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  const WaitPolicy passive = WaitPolicy::from_environment();
+  EXPECT_TRUE(passive.sleep);
+  EXPECT_EQ(passive.total.count(), 0);
+  ::setenv("OMP_WAIT_POLICY", "active", 1);
+  EXPECT_FALSE(WaitPolicy::from_environment().sleep);
+  ::unsetenv("OMP_WAIT_POLICY");
+  const WaitPolicy fallback = WaitPolicy::from_environment();
+  EXPECT_TRUE(fallback.sleep);
+  EXPECT_GT(fallback.pause.count(), 0);
+  EXPECT_GT(fallback.total, fallback.pause);
+  if (was) ::setenv("OMP_WAIT_POLICY", saved.c_str(), 1);
+}
+
+// After fork() the child's calling thread has no workers (they are the parent's threads): its
+// multi-threaded steps run on a new team of its own instead of waiting forever for the old one.
+TEST(WorkerTeam, AForkedChildRunsOnATeamOfItsOwn) {
+  if (!gpt2::kHasOpenMP) GTEST_SKIP() << "built without OpenMP: parallel_steps runs on one thread";
+  std::atomic<int> ran{0};
+  const auto count_tasks = [&](const gpt2::detail::Team& team) {
+    team.tasks(16, [&](Index, int) { ran++; });
+  };
+  gpt2::detail::parallel_steps(2, count_tasks);  // the parent's team, used
+  ASSERT_EQ(ran.load(), 16);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0) << "fork failed";
+  if (pid == 0) {
+    ::alarm(30);  // a child stuck on the parent's team dies of SIGALRM
+    ran = 0;
+    gpt2::detail::parallel_steps(2, count_tasks);
+    ::_exit(ran.load() == 16 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << (WIFSIGNALED(status) ? "child killed by signal " + std::to_string(WTERMSIG(status))
+                              : "child exit status " + std::to_string(WEXITSTATUS(status)));
 }
 
 TEST(ColumnPart, CoversTheRangeWithAlignedBoundaries) {

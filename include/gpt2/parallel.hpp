@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <mutex>
 #include <thread>
 
+#include "gpt2/detail/worker_team.hpp"
 #include "gpt2/threads.hpp"
 #include "gpt2/types.hpp"
 
@@ -22,31 +24,25 @@ class TaskFailure {
  public:
   template <class F>
   void run(Index task, int thread, const F& f) {
-    bool skip;
-#ifdef _OPENMP
-#pragma omp atomic read
-#endif
-    skip = failed_;
-    if (skip) return;
+    if (failed_.load(std::memory_order_relaxed)) return;
     try {
       f(task, thread);
     } catch (...) {
-#ifdef _OPENMP
-#pragma omp critical(gpt2_parallel_task_failure)
-#endif
-      if (!error_) error_ = std::current_exception();
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-      failed_ = true;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!error_) error_ = std::current_exception();
+      }
+      failed_.store(true, std::memory_order_relaxed);
     }
   }
+  // After every thread has stopped.
   void rethrow() const {
     if (error_) std::rethrow_exception(error_);
   }
 
  private:
-  bool failed_ = false;
+  std::atomic<bool> failed_{false};
+  std::mutex mutex_;
   std::exception_ptr error_;
 };
 
@@ -77,18 +73,18 @@ void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
 #endif
 }
 
-// Steps that follow one another on the same threads, in one parallel region (a region's start
-// and end cost a few microseconds each, a step's barrier here less: a decode step's three steps
-// pay for one region). parallel_steps(n_threads, f) calls f(team) on each of up to n_threads
-// threads (f must be safe to call concurrently); inside, team.tasks(n, g) runs g(task, thread) for
-// every task in [0, n), handed out one at a time in increasing order, once every thread has
-// finished the tasks of the step before (a barrier between steps; the region's end waits for the
-// last step's, so the last one pays no barrier of its own). What a step wrote is seen by the next
-// step's tasks and after parallel_steps returns, not by code between two team.tasks calls. Every
-// thread must make the same team.tasks calls in the same order. If a task throws, the tasks not
-// yet started, in this step and the later ones, are skipped and the first exception is rethrown
-// by parallel_steps once every thread has stopped. f itself, outside its tasks, must not throw
-// (an exception may not leave an OpenMP region: terminate).
+// Steps that follow one another on the same threads, with OpenMP on the calling thread's
+// WorkerTeam (detail/worker_team.hpp: the library's own threads, kept between calls; an OpenMP
+// region only if the OS refuses them): a decode step's three steps pay for no region start or end.
+// parallel_steps(n_threads, f) calls f(team) on each of n_threads threads (f must be safe to call
+// concurrently); inside, team.tasks(n, g) runs g(task, thread) for every task in [0, n), handed
+// out one at a time in increasing order, once every thread has finished the tasks of the step
+// before (a barrier between steps; the return waits for the last step's, so the last one pays no
+// barrier of its own). What a step wrote is seen by the next step's tasks and after parallel_steps
+// returns, not by code between two team.tasks calls. Every thread must make the same team.tasks
+// calls in the same order. If a task throws, the tasks not yet started, in this step and the later
+// ones, are skipped and the first exception is rethrown by parallel_steps once every thread has
+// stopped. f itself, outside its tasks, must not throw (terminate).
 //
 // The hand-out and the barrier are the team's own (an atomic counter; arrivals counted, the last
 // one opens the next generation), not OpenMP's `for` and barrier: libgomp's barrier makes a
@@ -175,6 +171,15 @@ void parallel_steps(int n_threads, const F& f) {
   TaskFailure failure;
 #ifdef _OPENMP
   if (n_threads > 1) {
+    // the calling thread's WorkerTeam (detail/worker_team.hpp); an OpenMP region if the OS
+    // refuses its threads
+    if (WorkerTeam* team = WorkerTeam::of_this_thread(n_threads - 1)) {
+      StepBarrier barrier;
+      barrier.set_threads(n_threads);
+      team->run(n_threads, [&](int thread) { f(Team(thread, &barrier, &failure)); });
+      failure.rethrow();
+      return;
+    }
     StepBarrier barrier;
 #pragma omp parallel num_threads(n_threads)
     {
@@ -190,6 +195,16 @@ void parallel_steps(int n_threads, const F& f) {
   f(Team(0, nullptr, &failure));
 #endif
   failure.rethrow();
+}
+
+// Makes sure the calling thread's WorkerTeam has the workers n_threads threads need (nothing
+// without OpenMP, on one thread, or inside a parallel region, where forwards run on one thread).
+inline void start_worker_team(int n_threads) {
+#ifdef _OPENMP
+  if (n_threads > 1 && !omp_in_parallel()) (void)WorkerTeam::of_this_thread(n_threads - 1);
+#else
+  (void)n_threads;
+#endif
 }
 
 // Columns [begin, end) of part `part` of n_parts near-equal parts of [0, n), with every boundary

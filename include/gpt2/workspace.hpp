@@ -13,6 +13,7 @@
 #include "gpt2/config.hpp"
 #include "gpt2/detail/aligned_matrix.hpp"
 #include "gpt2/gemm.hpp"
+#include "gpt2/parallel.hpp"
 #include "gpt2/threads.hpp"
 #include "gpt2/types.hpp"
 
@@ -131,6 +132,8 @@ class Workspace {
     if (n_threads < 1)
       throw ConfigError("threads: expected a count of at least 1, got " +
                         std::to_string(n_threads));
+    // the calling thread's worker team, which its multi-threaded decode steps run on (parallel.hpp)
+    detail::start_worker_team(n_threads);
     const Index want_threads = std::max<Index>(n_threads, thread_capacity());
     if (max_tokens <= capacity_ && max_keys <= key_capacity_ && want_threads == thread_capacity())
       return;
