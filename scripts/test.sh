@@ -8,11 +8,14 @@
 #            every test program again (all but the packaging and compile-fail checks, which do not
 #            depend on the ISA or on memory safety, and the example programs, run by stage 1). This stage replaces the former portable stage (the
 #            portable preset is still there: cmake --preset portable).
-#   3. tsan  (ThreadSanitizer, OpenMP off): the concurrency tests (test_concurrency, test_paged_concurrency).
+#   3. tsan  (ThreadSanitizer; OpenMP on for the thread count, the forwards on the library's own
+#            threads, no OpenMP region): test_concurrency, test_paged_concurrency, test_threads,
+#            test_kv_cache.
 #   4. fuzz  (clang, libFuzzer + ASan + UBSan): each fuzz target for GPT2_FUZZ_SECONDS (default 60)
 #            seconds, the three at once (tests/fuzz/run.sh), starting from tests/fuzz/corpus/.
 #   The test presets run every entry with OMP_WAIT_POLICY=PASSIVE: ctest runs two at once, and
-#   OpenMP threads spinning at a barrier would take the other entry's core (docs/hardening.md).
+#   worker threads spinning between forwards would take the other entry's core (docs/hardening.md;
+#   the library's worker teams follow that variable as OpenMP's threads do).
 #   GPT2_SMALL_WEIGHTS=/path/to/gpt2-small-h0-attention.safetensors scripts/test.sh
 #     also runs the tests against the real GPT-2 layer-0 weights.
 #   GPT2_JOBS=<n> (default 2): parallel compile and test jobs.

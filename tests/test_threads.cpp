@@ -23,6 +23,7 @@
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 #include "support/models.hpp"
+#include "support/sanitizers.hpp"
 #include "support/thread_count.hpp"
 
 namespace {
@@ -119,6 +120,9 @@ TYPED_TEST(ThreadsTest, CachedAndBatchedForwardsAreBitwiseTheSameOnAnyThreadCoun
 // A forward called from inside an OpenMP parallel region runs on its caller's thread only, and
 // still gives the same bits.
 TEST(Threads, ForwardInsideAParallelRegionRunsOnOneThread) {
+  if (gpt2::kHasOpenMP && gpt2::test::kThreadSanitizer)
+    GTEST_SKIP() << "skipped under ThreadSanitizer: this test opens an OpenMP region, and libgomp "
+                    "is not instrumented (its own synchronisation would be reported as races)";
   const Model<float> m = random_model<float>(64, 4, 16);
   const RowMatrix<float> x = random_input<float>(100, 64, 17);
   const RowMatrix<float> expected = gpt2::attention(m.weights(), x);
@@ -395,6 +399,9 @@ TEST(WorkerTeam, FollowsOmpWaitPolicy) {
 // multi-threaded steps run on a new team of its own instead of waiting forever for the old one.
 TEST(WorkerTeam, AForkedChildRunsOnATeamOfItsOwn) {
   if (!gpt2::kHasOpenMP) GTEST_SKIP() << "built without OpenMP: parallel_steps runs on one thread";
+  if (gpt2::test::kThreadSanitizer)
+    GTEST_SKIP() << "skipped under ThreadSanitizer: it does not support starting threads in the "
+                    "child of a multi-threaded process";
   std::atomic<int> ran{0};
   const auto count_tasks = [&](const gpt2::detail::Team& team) {
     team.tasks(16, [&](Index, int) { ran++; });

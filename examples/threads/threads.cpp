@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   const int wanted = argc > 1 ? std::atoi(argv[1]) : gpt2::num_threads();
 
   // Weights are shared read-only; a Workspace belongs to one calling thread (each forward's own
-  // OpenMP threads are the library's business). Outputs [T, C], one per thread count.
+  // worker threads are the library's business). Outputs [T, C], one per thread count.
   gpt2::Workspace<float> ws(config, x.rows());
   Mat out_1(x.rows(), 768), out_n(x.rows(), 768);
   gpt2::set_num_threads(1);

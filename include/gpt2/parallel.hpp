@@ -1,5 +1,6 @@
 // How the forwards spread work over threads (see threads.hpp): independent tasks handed out one
-// at a time, and column ranges of a product. Internal (namespace detail).
+// at a time, steps of tasks with a barrier between them, and column ranges of a product, run on the
+// calling thread's WorkerTeam (detail/worker_team.hpp). Internal (namespace detail).
 //
 // Every task writes its own part of the output with the same arithmetic whichever thread runs it,
 // so results do not depend on the number of threads.
@@ -46,11 +47,12 @@ class TaskFailure {
   std::exception_ptr error_;
 };
 
-// f(task, thread) for every task in [0, n_tasks), on up to n_threads threads; `thread` is in
-// [0, n_threads) and no two tasks run at once with the same `thread`, so it can index per-thread
-// scratch. Tasks are handed out in increasing order, one at a time (put the longest first). If a
-// task throws, the tasks not yet started are skipped and the first exception is rethrown here once
-// every thread has stopped (an exception may not cross an OpenMP region).
+// f(task, thread) for every task in [0, n_tasks), on up to n_threads threads (with OpenMP: the
+// calling thread's WorkerTeam, detail/worker_team.hpp; an OpenMP region only if the OS refuses its
+// threads); `thread` is in [0, n_threads) and no two tasks run at once with the same `thread`, so
+// it can index per-thread scratch. Tasks are handed out in increasing order, one at a time (put
+// the longest first). If a task throws, the tasks not yet started are skipped and the first
+// exception is rethrown here once every thread has stopped.
 template <class F>
 void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
   if (n_tasks <= 0) return;
@@ -61,6 +63,16 @@ void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
   }
 #ifdef _OPENMP
   TaskFailure failure;
+  if (WorkerTeam* team = WorkerTeam::of_this_thread(threads - 1)) {
+    std::atomic<Index> next{0};
+    team->run(threads, [&](int thread) {
+      for (Index task = next.fetch_add(1, std::memory_order_relaxed); task < n_tasks;
+           task = next.fetch_add(1, std::memory_order_relaxed))
+        failure.run(task, thread, f);
+    });
+    failure.rethrow();
+    return;
+  }
 #pragma omp parallel num_threads(threads)
   {
     const int thread = omp_get_thread_num();

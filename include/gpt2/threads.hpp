@@ -1,6 +1,6 @@
 // Threads: how many the forwards use, and how to choose it.
 //
-// The forwards (plain, cached, batched) spread their work over OpenMP threads when the code that
+// The forwards (plain, cached, batched) spread their work over threads when the code that
 // includes this library is compiled with OpenMP: link gpt2::attention in a build configured with
 // GPT2_ATTENTION_OPENMP=ON (the default when CMake finds OpenMP), or compile with -fopenmp
 // yourself. Without OpenMP everything runs on the calling thread and the library needs nothing
@@ -9,6 +9,14 @@
 // The count follows OpenMP's rules: OMP_NUM_THREADS, or set_num_threads() below, which (like
 // omp_set_num_threads) applies to the forwards the calling thread runs from then on. A forward
 // called from inside another OpenMP parallel region runs on its caller's thread only.
+//
+// The threads themselves are the library's own, not OpenMP's: each thread that calls forwards
+// keeps a team of num_threads() - 1 workers, started by the first Workspace it makes or reserves
+// (or its first multi-threaded forward) and joined when it exits. Between forwards the workers
+// wait as OMP_WAIT_POLICY says: by default they poll for 100 us, yield the CPU between polls up to
+// 2 ms, then sleep; PASSIVE: they sleep at once; ACTIVE: they never sleep. So a decode step, a
+// 100-us affair, pays no thread start-up or wake-up (OpenMP's region start and end cost 10-20 us
+// of one in a virtual machine: docs/speed.md). A forked child makes its teams anew.
 //
 // Every translation unit of a program must agree on whether OpenMP is on (one binary, one setting),
 // as for any header-only library whose code depends on a compiler flag.

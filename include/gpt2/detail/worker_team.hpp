@@ -1,23 +1,23 @@
-// WorkerTeam: threads of the library's own that run a forward's parallel work, kept from one call
-// to the next (internal; parallel.hpp runs a decode step's steps on it).
+// WorkerTeam: the library's own threads, which run a forward's parallel work (parallel.hpp's
+// parallel_tasks and parallel_steps) and are kept from one call to the next. Internal.
 //
 // Why not an OpenMP region per call: libgomp's region start and end each make a futex_wake system
 // call and touch team structures that a decode step's 16 MB of streaming has pushed out of cache.
 // In a 2-core KVM guest (AMD Zen 5, where a system call costs about 1 us) that was 10-20 us of a
 // 120-140 us GPT-2 small decode step; the same step on a team whose worker spins between steps
-// ran 1.1-1.2x faster (docs/speed.md, "A decode step on the library's own threads").
+// ran 1.1-1.2x faster (docs/speed.md, "Decode steps on the library's own threads").
 //
-// Each thread that runs forwards has its own team (WorkerTeam::of_this_thread), created on its
-// first use with num_threads() - 1 workers (Workspace::reserve starts it, so that the forwards
-// themselves allocate nothing) and remade larger when a later call wants more; the caller is
-// always thread 0 and works too. New workers sleep until the first call. Between calls the workers wait as OMP_WAIT_POLICY says, the way
-// libgomp's do: by default they spin (a CPU pause between polls) for kSpinPause, then yield the
-// CPU between polls until kSpinTotal, then sleep until the next call wakes them; PASSIVE: they
-// sleep at once; ACTIVE: they never sleep (they yield after kSpinPause). A call that finds no
-// worker asleep makes no system call at all.
+// Each thread that runs forwards has a team of its own (WorkerTeam::of_this_thread), made on its
+// first use with num_threads() - 1 workers (Workspace::reserve makes it, so that the forwards
+// themselves allocate nothing) and remade larger when a later call wants more workers; the caller
+// is always thread 0 and works too. New workers sleep until the first call. Between calls they
+// wait as OMP_WAIT_POLICY says, as libgomp's threads do (WaitPolicy): by default they poll with a
+// CPU pause for 100 us, then yield the CPU between polls until 2 ms, then sleep until a call wakes
+// them; PASSIVE: they sleep at once; ACTIVE: they never sleep. A call that finds no worker asleep
+// makes no system call. OMP_PROC_BIND and OMP_PLACES do not apply to them.
 //
 // A team's workers are joined when its thread exits (at exit() for the main thread). After fork()
-// the child's teams are abandoned (their threads do not exist there) and new ones are made.
+// a child's teams are abandoned (their threads do not exist there) and new ones are made.
 #pragma once
 
 #include <algorithm>
