@@ -270,10 +270,12 @@ TEST(ConcurrencyWorkerTeam, HandsEachCallsWritesToTheCaller) {
     for (int call = 1; call <= kCalls; ++call) {
       input = call;
       const int n = 1 + call % kTeam;
+      std::vector<int> saw(kTeam, 0);  // written by thread t only, read here after run()
       team.run(n, [&](int thread) {
-        if (input == call) value[static_cast<std::size_t>(thread)]++;  // the caller's write, seen
+        saw[static_cast<std::size_t>(thread)] = input == call ? 1 : -1;  // the caller's write
+        value[static_cast<std::size_t>(thread)]++;
       });
-      wrong += value[0] != call;
+      for (int t = 0; t < kTeam; ++t) wrong += saw[static_cast<std::size_t>(t)] != (t < n ? 1 : 0);
       if (call % 50 == 0) std::this_thread::sleep_for(microseconds(300));  // let them sleep
     }
     EXPECT_EQ(wrong, 0);

@@ -408,20 +408,39 @@ TEST(WorkerTeam, AForkedChildRunsOnATeamOfItsOwn) {
   };
   gpt2::detail::parallel_steps(2, count_tasks);  // the parent's team, used
   ASSERT_EQ(ran.load(), 16);
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0) << "fork failed";
-  if (pid == 0) {
-    ::alarm(30);  // a child stuck on the parent's team dies of SIGALRM
-    ran = 0;
-    gpt2::detail::parallel_steps(2, count_tasks);
-    ::_exit(ran.load() == 16 ? 0 : 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // its worker may sleep by now
+  // Two children: one runs a step, one runs nothing; both end through exit(), which destroys the
+  // calling thread's team holder (a child that stopped the parent's team there would wait forever
+  // for threads it does not have).
+  for (const bool step : {true, false}) {
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0) << "fork failed";
+    if (pid == 0) {
+      ::alarm(30);  // a child stuck on the parent's team dies of SIGALRM
+      ran = 0;
+      if (step) gpt2::detail::parallel_steps(2, count_tasks);
+      std::exit(!step || ran.load() == 16 ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << (step ? "a child that ran a step: " : "a child that ran nothing: ")
+        << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                : "exit status " + std::to_string(WEXITSTATUS(status)));
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << (WIFSIGNALED(status) ? "child killed by signal " + std::to_string(WTERMSIG(status))
-                              : "child exit status " + std::to_string(WEXITSTATUS(status)));
+}
+
+// A task that itself calls the task runner (no forward does; a caller's code might) runs the
+// inner tasks on its own thread instead of handing them to the team it is part of.
+TEST(WorkerTeam, AParallelCallInsideATaskRunsOnItsThread) {
+  std::atomic<int> inner{0}, outer{0};
+  gpt2::detail::parallel_tasks(4, 2, [&](Index, int) {
+    outer++;
+    gpt2::detail::parallel_tasks(8, 2, [&](Index, int thread) { inner += thread == 0; });
+  });
+  EXPECT_EQ(outer.load(), 4);
+  EXPECT_EQ(inner.load(), 32);
 }
 
 TEST(ColumnPart, CoversTheRangeWithAlignedBoundaries) {

@@ -20,7 +20,7 @@ namespace gpt2::detail {
 
 // What the parallel runners below share: f(task, thread) run unless an earlier task has failed,
 // and the first exception kept (rethrow() once every thread has stopped: an exception may not
-// cross an OpenMP region).
+// leave a worker's thread).
 class TaskFailure {
  public:
   template <class F>
@@ -47,47 +47,45 @@ class TaskFailure {
   std::exception_ptr error_;
 };
 
-// f(task, thread) for every task in [0, n_tasks), on up to n_threads threads (with OpenMP: the
-// calling thread's WorkerTeam, detail/worker_team.hpp; an OpenMP region only if the OS refuses its
-// threads); `thread` is in [0, n_threads) and no two tasks run at once with the same `thread`, so
-// it can index per-thread scratch. Tasks are handed out in increasing order, one at a time (put
-// the longest first). If a task throws, the tasks not yet started are skipped and the first
-// exception is rethrown here once every thread has stopped.
+// The calling thread's WorkerTeam (detail/worker_team.hpp) with room for n_threads threads, or
+// null when the work runs on the calling thread alone: one thread, no OpenMP (the switch for
+// threads), the OS refusing threads, or a call from inside a team's work.
+inline WorkerTeam* team_for(int n_threads) {
+#ifdef _OPENMP
+  if (n_threads > 1) return WorkerTeam::of_this_thread(n_threads - 1);
+#endif
+  (void)n_threads;
+  return nullptr;
+}
+
+// f(task, thread) for every task in [0, n_tasks), on up to n_threads threads (the calling
+// thread's WorkerTeam; the calling thread alone where team_for says so); `thread` is in
+// [0, n_threads) and no two tasks run at once with the same `thread`, so it can index per-thread
+// scratch. Tasks are handed out in increasing order, one at a time (put the longest first). If a
+// task throws, the tasks not yet started are skipped and the first exception is rethrown here once
+// every thread has stopped.
 template <class F>
 void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
   if (n_tasks <= 0) return;
   const int threads = static_cast<int>(std::min<Index>(std::max(n_threads, 1), n_tasks));
-  if (threads == 1) {
+  WorkerTeam* const team = team_for(threads);
+  if (team == nullptr) {
     for (Index task = 0; task < n_tasks; ++task) f(task, 0);
     return;
   }
-#ifdef _OPENMP
   TaskFailure failure;
-  if (WorkerTeam* team = WorkerTeam::of_this_thread(threads - 1)) {
-    std::atomic<Index> next{0};
-    team->run(threads, [&](int thread) {
-      for (Index task = next.fetch_add(1, std::memory_order_relaxed); task < n_tasks;
-           task = next.fetch_add(1, std::memory_order_relaxed))
-        failure.run(task, thread, f);
-    });
-    failure.rethrow();
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const int thread = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (Index task = 0; task < n_tasks; ++task) failure.run(task, thread, f);
-  }
+  std::atomic<Index> next{0};
+  team->run(threads, [&](int thread) {
+    for (Index task = next.fetch_add(1, std::memory_order_relaxed); task < n_tasks;
+         task = next.fetch_add(1, std::memory_order_relaxed))
+      failure.run(task, thread, f);
+  });
   failure.rethrow();
-#else
-  for (Index task = 0; task < n_tasks; ++task) f(task, 0);
-#endif
 }
 
-// Steps that follow one another on the same threads, with OpenMP on the calling thread's
-// WorkerTeam (detail/worker_team.hpp: the library's own threads, kept between calls; an OpenMP
-// region only if the OS refuses them): a decode step's three steps pay for no region start or end.
+// Steps that follow one another on the same threads, on the calling thread's WorkerTeam
+// (team_for; detail/worker_team.hpp: the library's own threads, kept between calls): a decode
+// step's three steps pay for no thread start or wake-up.
 // parallel_steps(n_threads, f) calls f(team) on each of n_threads threads (f must be safe to call
 // concurrently); inside, team.tasks(n, g) runs g(task, thread) for every task in [0, n), handed
 // out one at a time in increasing order, once every thread has finished the tasks of the step
@@ -181,31 +179,13 @@ class Team {
 template <class F>
 void parallel_steps(int n_threads, const F& f) {
   TaskFailure failure;
-#ifdef _OPENMP
-  if (n_threads > 1) {
-    // the calling thread's WorkerTeam (detail/worker_team.hpp); an OpenMP region if the OS
-    // refuses its threads
-    if (WorkerTeam* team = WorkerTeam::of_this_thread(n_threads - 1)) {
-      StepBarrier barrier;
-      barrier.set_threads(n_threads);
-      team->run(n_threads, [&](int thread) { f(Team(thread, &barrier, &failure)); });
-      failure.rethrow();
-      return;
-    }
+  if (WorkerTeam* const team = team_for(n_threads)) {
     StepBarrier barrier;
-#pragma omp parallel num_threads(n_threads)
-    {
-      const int threads = omp_get_num_threads();
-      barrier.set_threads(threads);
-      f(Team(omp_get_thread_num(), threads > 1 ? &barrier : nullptr, &failure));
-    }
+    barrier.set_threads(n_threads);  // the team has room for all of them (team_for)
+    team->run(n_threads, [&](int thread) { f(Team(thread, &barrier, &failure)); });
   } else {
     f(Team(0, nullptr, &failure));
   }
-#else
-  (void)n_threads;
-  f(Team(0, nullptr, &failure));
-#endif
   failure.rethrow();
 }
 
@@ -213,7 +193,7 @@ void parallel_steps(int n_threads, const F& f) {
 // without OpenMP, on one thread, or inside a parallel region, where forwards run on one thread).
 inline void start_worker_team(int n_threads) {
 #ifdef _OPENMP
-  if (n_threads > 1 && !omp_in_parallel()) (void)WorkerTeam::of_this_thread(n_threads - 1);
+  if (!omp_in_parallel()) (void)team_for(n_threads);
 #else
   (void)n_threads;
 #endif

@@ -16,7 +16,8 @@
 // wait as OMP_WAIT_POLICY says: by default they poll for 100 us, yield the CPU between polls up to
 // 2 ms, then sleep; PASSIVE: they sleep at once; ACTIVE: they never sleep. So a decode step, a
 // 100-us affair, pays no thread start-up or wake-up (OpenMP's region start and end cost 10-20 us
-// of one in a virtual machine: docs/speed.md). A forked child makes its teams anew.
+// of one in a virtual machine: docs/speed.md). A forked child makes its teams anew. If the OS
+// refuses a thread, the forwards run on the calling thread.
 //
 // Every translation unit of a program must agree on whether OpenMP is on (one binary, one setting),
 // as for any header-only library whose code depends on a compiler flag.

@@ -16,8 +16,12 @@
 // them; PASSIVE: they sleep at once; ACTIVE: they never sleep. A call that finds no worker asleep
 // makes no system call. OMP_PROC_BIND and OMP_PLACES do not apply to them.
 //
-// A team's workers are joined when its thread exits (at exit() for the main thread). After fork()
-// a child's teams are abandoned (their threads do not exist there) and new ones are made.
+// A call for fewer threads than the team has leaves the other workers alone (the call's thread
+// count travels with its number in one atomic word). If the OS refuses a thread, or a team's own
+// thread asks for a team (a parallel call inside a task), of_this_thread gives none and the work
+// runs on the calling thread. A team's workers are joined when its thread exits (at exit() for the
+// main thread). After fork() a child's teams are abandoned, never stopped (their threads, and
+// anything waiting on their condition variables, do not exist there), and new ones are made.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +29,7 @@
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -83,7 +88,7 @@ inline std::atomic<unsigned>& fork_generation() {
 class WorkerTeam {
  public:
   // Starts `workers` threads (none if 0). If the OS refuses one, the ones started are stopped and
-  // std::system_error propagates.
+  // the exception (std::system_error) propagates.
   explicit WorkerTeam(int workers, WaitPolicy policy = WaitPolicy::from_environment())
       : policy_(policy), fork_generation_(fork_generation().load()) {
     threads_.reserve(static_cast<std::size_t>(std::max(workers, 0)));
@@ -101,63 +106,100 @@ class WorkerTeam {
   int workers() const { return static_cast<int>(threads_.size()); }
   bool made_before_fork() const { return fork_generation_ != fork_generation().load(); }
 
-  // f(thread) for every thread in [0, n_threads), 1 <= n_threads <= workers() + 1: thread 0 on the
-  // caller, the others on workers 1 .. n_threads - 1, at once; returns when every call has
-  // returned (their writes are then seen by the caller). f must not throw (std::terminate).
+  // f(thread) for every thread in [0, n_threads), 1 <= n_threads <= workers() + 1 (checked by the
+  // caller): thread 0 on the caller, the others on workers 1 .. n_threads - 1, at once; returns
+  // when every call has returned (their writes are then seen by the caller). Workers from
+  // n_threads on take no part: they neither run f nor are waited for. f must not throw
+  // (std::terminate).
   template <class F>
   void run(int n_threads, const F& f) noexcept {
-    n_threads = std::clamp(n_threads, 1, workers() + 1);
-    if (n_threads == 1) {
+    if (n_threads <= 1) {
       f(0);
       return;
     }
+    InsideTeam inside;
     job_ = [](const void* fn, int thread) { (*static_cast<const F*>(fn))(thread); };
     job_arg_ = &f;
-    job_threads_ = n_threads;
     finished_.store(0, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_seq_cst);  // publishes the job
+    // publishes the job, with its thread count, to the workers
+    const std::uint64_t next = ((state_.load(std::memory_order_relaxed) >> kCountBits) + 1)
+                               << kCountBits;
+    state_.store(next | static_cast<std::uint64_t>(n_threads), std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();
     }
     f(0);
-    // every worker checks in, those past n_threads without running f; the caller waits for its
-    // own call's work, so it never sleeps (it yields once the wait grows long)
-    const int workers_total = workers();
+    // the caller waits for its own call's work, so it never sleeps (it yields once the wait grows
+    // long)
     const WaitPolicy caller{policy_.pause, policy_.total, false};
     WaitClock wait;
-    while (finished_.load(std::memory_order_acquire) != workers_total) wait.poll(caller);
+    while (finished_.load(std::memory_order_acquire) != n_threads - 1) wait.poll(caller);
   }
 
   // The calling thread's team, with at least `workers` workers (made, or remade larger, here), or
-  // null when the OS refuses threads or the thread is exiting (the caller then runs otherwise).
+  // null when it should run on its own: the OS refused threads, the thread is exiting, or it is a
+  // team's thread inside a call already (a forward nested in a task runs on one thread).
   static WorkerTeam* of_this_thread(int workers) {
     thread_local Holder holder;
-    if (holder.exited) return nullptr;
+    if (exited() || inside_team()) return nullptr;
     WorkerTeam* team = holder.team.get();
     if (team && team->made_before_fork()) {
-      (void)holder.team.release();  // its threads do not exist in this process: leave it be
+      abandon(holder.team.release());  // its threads do not exist in this process
       team = nullptr;
     }
     if (team && team->workers() >= workers) return team;
     try {
-      holder.team.reset();
-      holder.team = std::make_unique<WorkerTeam>(workers);
-    } catch (const std::system_error&) {
-      return nullptr;
+      std::unique_ptr<WorkerTeam> grown = std::make_unique<WorkerTeam>(workers);
+      holder.team = std::move(grown);  // the old team, if any, stopped and joined here
+    } catch (...) {
+      return nullptr;  // the old team, if any, still serves calls that need no more workers
     }
     return holder.team.get();
   }
 
  private:
+  static constexpr int kCountBits = 16;  // state_: (call number << 16) | the call's threads
+  static constexpr std::uint64_t kStopThreads = (std::uint64_t(1) << kCountBits) - 1;
+  static int threads_of(std::uint64_t state) {
+    return static_cast<int>(state & kStopThreads);
+  }
+
+  // Set on a team's threads, and on a caller while its run() is under way.
+  static bool& inside_team() {
+    thread_local bool inside = false;
+    return inside;
+  }
+  struct InsideTeam {
+    bool was = inside_team();
+    InsideTeam() { inside_team() = true; }
+    ~InsideTeam() { inside_team() = was; }
+  };
+
+  // Whether this thread's Holder is gone (a plain flag, readable after the Holder's destruction).
+  static bool& exited() {
+    thread_local bool gone = false;
+    return gone;
+  }
   struct Holder {
     std::unique_ptr<WorkerTeam> team;
-    bool exited = false;
     ~Holder() {
+      if (team && team->made_before_fork()) abandon(team.release());
       team.reset();
-      exited = true;
+      exited() = true;
     }
   };
+
+  // A team made before fork(), in the child: neither stopped nor destroyed (its threads, and any
+  // thread waiting on its condition variable, do not exist here), kept reachable in a list that
+  // is never freed.
+  static void abandon(WorkerTeam* team) {
+    static std::atomic<WorkerTeam*> head{nullptr};
+    team->next_abandoned_ = head.load(std::memory_order_relaxed);
+    while (!head.compare_exchange_weak(team->next_abandoned_, team, std::memory_order_release,
+                                       std::memory_order_relaxed)) {
+    }
+  }
 
   // Polls as the policy says: pause for policy.pause, then yield until policy.total (the clock is
   // read every 64 polls).
@@ -183,35 +225,43 @@ class WorkerTeam {
     unsigned polls_ = 0;
   };
 
-  // Returns the generation of the next job (or of the stop) once it is past `seen`; polls first
-  // as the policy says, unless `sleep_now` (a worker's first wait: no job is expected soon).
-  unsigned wait_for_job(unsigned seen, bool sleep_now) {
+  // Returns the state of the next call that worker `index` takes part in (or of the stop), once
+  // it is past `seen`; calls for fewer threads are passed over without touching the call's plain
+  // fields (the waiting goes on: its clock keeps running). Polls as the policy says first, unless
+  // `sleep_now` (a worker's first wait: no call is expected soon).
+  std::uint64_t wait_for_job(int index, std::uint64_t seen, bool sleep_now) {
     WaitClock wait;
     for (;;) {
-      const unsigned g = generation_.load(std::memory_order_acquire);
-      if (g != seen) return g;
-      if (sleep_now || !wait.poll(policy_)) break;
+      const std::uint64_t state = state_.load(std::memory_order_acquire);
+      if (state != seen) {
+        if (threads_of(state) > index) return state;
+        seen = state;
+        continue;
+      }
+      if (!sleep_now && wait.poll(policy_)) continue;
+      std::unique_lock<std::mutex> lock(mutex_);
+      sleeping_.fetch_add(1, std::memory_order_seq_cst);
+      wake_.wait(lock, [&] { return state_.load(std::memory_order_seq_cst) != seen; });
+      sleeping_.fetch_sub(1, std::memory_order_relaxed);
     }
-    std::unique_lock<std::mutex> lock(mutex_);
-    sleeping_.fetch_add(1, std::memory_order_seq_cst);
-    wake_.wait(lock, [&] { return generation_.load(std::memory_order_seq_cst) != seen; });
-    sleeping_.fetch_sub(1, std::memory_order_relaxed);
-    return generation_.load(std::memory_order_acquire);
   }
 
   void work(int index) {
-    unsigned seen = 0;
+    inside_team() = true;
+    std::uint64_t seen = 0;
     for (bool first = true;; first = false) {
-      seen = wait_for_job(seen, first);
+      seen = wait_for_job(index, seen, first);
       if (stop_.load(std::memory_order_acquire)) return;
-      if (index < job_threads_) job_(job_arg_, index);
+      job_(job_arg_, index);
       finished_.fetch_add(1, std::memory_order_acq_rel);
     }
   }
 
   void stop() {
     stop_.store(true, std::memory_order_release);
-    generation_.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint64_t next = ((state_.load(std::memory_order_relaxed) >> kCountBits) + 1)
+                               << kCountBits;
+    state_.store(next | kStopThreads, std::memory_order_seq_cst);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();
@@ -223,12 +273,12 @@ class WorkerTeam {
 
   WaitPolicy policy_;
   unsigned fork_generation_;
+  WorkerTeam* next_abandoned_ = nullptr;
   std::vector<std::thread> threads_;
   void (*job_)(const void*, int) = nullptr;
   const void* job_arg_ = nullptr;
-  int job_threads_ = 0;
   std::atomic<bool> stop_{false};
-  alignas(64) std::atomic<unsigned> generation_{0};
+  alignas(64) std::atomic<std::uint64_t> state_{0};
   alignas(64) std::atomic<int> finished_{0};
   alignas(64) std::atomic<int> sleeping_{0};
   std::mutex mutex_;
