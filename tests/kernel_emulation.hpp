@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/bf16.hpp"
 #include "gpt2/types.hpp"
 
@@ -84,6 +85,24 @@ inline float kexp(float x) {
   p = std::fma(p, r, 1.6666665459E-1f);
   p = std::fma(p, r, 5.0000001201E-1f);
   const float y = add(std::fma(p, mul(r, r), r), 1.0f);
+  const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return mul(y, two_n);
+}
+
+// 2^x in the fused core's order (kernels/attention_tile.hpp's kexp2): NaN kept, 0 below -126, x
+// capped at 127, n = nearbyint(x), f = x - n (exact), p = c6, p = fma(p, f, c_k) for k = 5 .. 1,
+// y = fma(p, f, 1), y * 2^n.
+inline float kexp2(float x) {
+  if (std::isnan(x)) return x;
+  if (x < -126.0f) return 0.0f;
+  if (x > 127.0f) x = 127.0f;
+  const float n = std::nearbyint(x);
+  const float f = sub(x, n);
+  float p = gpt2::kernels::kExp2Poly[0];
+  for (int k = 1; k < 6; ++k) p = std::fma(p, f, gpt2::kernels::kExp2Poly[k]);
+  const float y = std::fma(p, f, 1.0f);
   const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
@@ -178,7 +197,8 @@ inline void attention_tile(Index rows, Index first_pos, Index head_dim, const fl
   std::vector<float> qs(static_cast<std::size_t>(head_dim)), o(qs.size()), ob(qs.size());
   for (Index r = 0; r < rows; ++r) {
     const Index pos = first_pos + r;
-    for (Index d = 0; d < head_dim; ++d) qs[d] = mul(q[r * ldq + d], scale);
+    const float qscale = mul(scale, static_cast<float>(gpt2::kernels::kLog2e));
+    for (Index d = 0; d < head_dim; ++d) qs[d] = mul(q[r * ldq + d], qscale);
     float m = minus_inf, z = 0.0f, l = 0.0f;
     std::fill(o.begin(), o.end(), 0.0f);
     for (Index b0 = 0; b0 <= pos; b0 += 64) {
@@ -199,7 +219,7 @@ inline void attention_tile(Index rows, Index first_pos, Index head_dim, const fl
       const float zb = mb == minus_inf ? 0.0f : mb;
       float lanes[16] = {};
       for (Index j = 0; j < 64; ++j) {
-        p[j] = j < n ? kexp(sub(s[j], zb)) : 0.0f;
+        p[j] = j < n ? kexp2(sub(s[j], zb)) : 0.0f;
         lanes[j % 16] = add(lanes[j % 16], p[j]);
       }
       float u[8], v[4], w[2];
@@ -209,8 +229,8 @@ inline void attention_tile(Index rows, Index first_pos, Index head_dim, const fl
       const float lb = add(w[0], w[1]);
       const float m_new = (std::isnan(m) || std::isnan(mb)) ? nan : std::max(m, mb);
       const float z_new = m_new == minus_inf ? 0.0f : m_new;
-      const float a = m == minus_inf ? 0.0f : kexp(sub(z, z_new));
-      const float c = mb == minus_inf ? 0.0f : kexp(sub(zb, z_new));
+      const float a = m == minus_inf ? 0.0f : kexp2(sub(z, z_new));
+      const float c = mb == minus_inf ? 0.0f : kexp2(sub(zb, z_new));
       l = std::fma(lb, c, mul(l, a));
       for (Index d = 0; d < head_dim; ++d)
         o[d] = std::fma(block_pv(p, values + b0, d, n, pairs), c, mul(o[d], a));

@@ -3,10 +3,11 @@
 // emulation of the documented orders (kernel_emulation.hpp) over many shapes (tails of every
 // remainder of the vector, tile and block sizes, strided rows, sentinels around the outputs);
 // gemm == gemm_packed == the row products for one row, and a row alone == the same row inside a
-// larger product; kexp against double exp; softmax_row against the emulation and a double
-// reference; and the two levels against each other.
+// larger product; kexp against double exp, kexp2 against double exp2; softmax_row against the
+// emulation and a double reference; and the two levels against each other.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -39,6 +40,18 @@ float level_kexp(Isa isa, float x) {
   return isa == Isa::avx512 ? avx512_kexp(x) : gpt2::kernels::avx2::kexp(x);
 }
 
+// kexp2 (the fused core's 2^x, kernels/attention_tile.hpp) of one float at a level, and avx512's
+// form for arguments in [-inf, 0].
+GPT2_KERNEL_AVX512 float avx512_kexp2(float x) {
+  return _mm512_cvtss_f32(gpt2::kernels::avx512::kexp2(_mm512_set1_ps(x)));
+}
+GPT2_KERNEL_AVX512 float avx512_kexp2_nonpositive(float x) {
+  return _mm512_cvtss_f32(gpt2::kernels::avx512::kexp2_nonpositive(_mm512_set1_ps(x)));
+}
+float level_kexp2(Isa isa, float x) {
+  return isa == Isa::avx512 ? avx512_kexp2(x) : gpt2::kernels::avx2::kexp2(x);
+}
+
 // Every test runs at each vector level; skipped with a message where the CPU lacks it.
 class Kernels : public ::testing::TestWithParam<Isa> {
  protected:
@@ -48,6 +61,7 @@ class Kernels : public ::testing::TestWithParam<Isa> {
   }
   const Table& k() const { return *gpt2::kernels::float_kernels(GetParam()); }
   float kexp(float x) const { return level_kexp(GetParam(), x); }
+  float kexp2(float x) const { return level_kexp2(GetParam(), x); }
 };
 
 constexpr float kSentinel = -12345.5f;
@@ -347,6 +361,60 @@ TEST_P(Kernels, KexpSpecialCases) {
     EXPECT_TRUE(std::isfinite(kexp(x))) << "x=" << x;
   }
   EXPECT_LE(ulps_from_exp(kexp(1.0f), 1.0f), 2.0);
+}
+
+// |got - 2^x| in units of the last place of a float near 2^x (subnormals: 2^-149).
+double ulps_from_exp2(float got, float x) {
+  const double want = std::exp2(double(x));
+  const double ulp = std::ldexp(1.0, std::max(std::ilogb(want), -126) - 23);
+  return std::fabs(double(got) - want) / ulp;
+}
+
+TEST_P(Kernels, Kexp2WithinOneUlpOfExp2AndEqualToTheEmulation) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> u(-126.0f, 0.0f);
+  std::vector<float> xs;
+  for (int i = 0; i < 200000; ++i) xs.push_back(u(rng));
+  // a stride over the bit patterns of [-126, 0): small magnitudes too
+  for (std::uint32_t b = 0x80000000u; b <= 0xC2FC0000u; b += 4099u) {
+    float x;
+    std::memcpy(&x, &b, sizeof x);
+    xs.push_back(x);
+  }
+  // the points where nearbyint changes (ties to even), and the subnormal results next to -126
+  for (float x : {-0.5f, -1.5f, -2.5f, -125.5f, -125.75f, -126.0f, -1e-8f, -0.0f, 0.0f})
+    xs.push_back(x);
+  double worst = 0;
+  float worst_x = 0;
+  for (float x : xs) {
+    const float got = kexp2(x);
+    ASSERT_EQ(bits(got), bits(emu::kexp2(x))) << "x=" << x;
+    if (GetParam() == Isa::avx512) {
+      ASSERT_EQ(bits(avx512_kexp2_nonpositive(x)), bits(got)) << "x=" << x;
+    }
+    const double err = ulps_from_exp2(got, x);
+    if (err > worst) worst = err, worst_x = x;
+  }
+  EXPECT_LE(worst, 1.0) << "worst at x=" << worst_x;
+  RecordProperty("kexp2_worst_ulp", std::to_string(worst));
+}
+
+TEST_P(Kernels, Kexp2SpecialCases) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isnan(kexp2(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(kexp2(-std::numeric_limits<float>::quiet_NaN())));
+  for (float x : {-inf, std::nextafter(-126.0f, -inf), -127.0f, -1e30f})
+    EXPECT_EQ(bits(kexp2(x)), bits(0.0f)) << "x=" << x;
+  // whole powers exactly (f = 0: y = 1)
+  for (int k = -126; k <= 127; ++k)
+    ASSERT_EQ(kexp2(float(k)), std::ldexp(1.0f, k)) << "k=" << k;
+  EXPECT_EQ(kexp2(-0.0f), 1.0f);
+  // positive arguments (not used by the softmax): capped at 127, finite, as the emulation
+  for (float x : {0.5f, 10.25f, 126.7f, 127.0f, 128.0f, 1e30f, inf}) {
+    EXPECT_EQ(bits(kexp2(x)), bits(emu::kexp2(x))) << "x=" << x;
+    EXPECT_TRUE(std::isfinite(kexp2(x))) << "x=" << x;
+  }
+  EXPECT_LE(ulps_from_exp2(kexp2(0.5f), 0.5f), 1.0);
 }
 
 // softmax in double of x_j = float(row[j] * scale), the max subtracted first; gap[j] = |x_j - max|

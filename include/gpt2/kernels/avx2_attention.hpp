@@ -102,6 +102,31 @@ GPT2_KERNEL_AVX2 inline void pack_values(const E* const* rows, Index n, Index he
       _mm256_store_ps(vb + j * hdp + d0, load8(rows[j] + d0, lanes(head_dim - d0), head_dim - d0));
 }
 
+// kexp2 of 8 lanes (kernels/attention_tile.hpp's base-2 exponential; avx512's bits): NaN stays
+// NaN, x < -126 gives 0, otherwise y * 2^n with n = nearbyint(x) (x capped at 127), f = x - n and
+// y = 1 + f (c1 + f (c2 + ... + f c6)).
+GPT2_KERNEL_AVX2 inline __m256 kexp2_8(__m256 x) {
+  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+  const __m256 xc = _mm256_min_ps(x, _mm256_set1_ps(127.0f));
+  const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(xc, n);
+  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
+#pragma GCC unroll 5
+  for (int k = 1; k < 6; ++k) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[k]));
+  const __m256 y = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  // 2^n for n in [-126, 127] (wherever the result is kept): the exponent field n + 127
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 scaled = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_blendv_ps(_mm256_blendv_ps(scaled, _mm256_setzero_ps(), below), x, is_nan);
+}
+
+// kexp2 of one float: lane 0 of kexp2_8 (the same bits).
+GPT2_KERNEL_AVX2 inline float kexp2(float x) {
+  return _mm_cvtss_f32(_mm256_castps256_ps128(kexp2_8(_mm256_set1_ps(x))));
+}
+
 // Row r's block statistics from its 64 stored scores (n visible): p stored over them, then the
 // merge factors and the running m, z, l (attention_tile.hpp's steps; avx512's bits).
 GPT2_KERNEL_AVX2 inline void block_stats(Index n, float* p, float* stats) {
@@ -125,7 +150,7 @@ GPT2_KERNEL_AVX2 inline void block_stats(Index n, float* p, float* stats) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();  // lanes 0-7 and 8-15 of 16
 #pragma GCC unroll 8
   for (int v = 0; v < 8; ++v) {
-    const __m256 e = _mm256_and_ps(kexp8(_mm256_sub_ps(x[v], z)), live[v]);
+    const __m256 e = _mm256_and_ps(kexp2_8(_mm256_sub_ps(x[v], z)), live[v]);
     _mm256_store_ps(p + 8 * v, e);
     if (v % 2 == 0)
       s0 = _mm256_add_ps(s0, e);
@@ -148,8 +173,8 @@ GPT2_KERNEL_AVX2 inline void merge_stats(Index r, float mb, float zb, float lb,
   const float m_new = (m_old != m_old || mb != mb) ? std::numeric_limits<float>::quiet_NaN()
                                                    : std::max(m_old, mb);
   const float z_new = m_new == minus_inf ? 0.0f : m_new;
-  const float a = m_old == minus_inf ? 0.0f : kexp(ts.z[r] - z_new);
-  const float c = mb == minus_inf ? 0.0f : kexp(zb - z_new);
+  const float a = m_old == minus_inf ? 0.0f : kexp2(ts.z[r] - z_new);
+  const float c = mb == minus_inf ? 0.0f : kexp2(zb - z_new);
   ts.l[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(lb), _mm_set_ss(c),
                                        _mm_mul_ss(_mm_set_ss(ts.l[r]), _mm_set_ss(a))));
   ts.m[r] = m_new;
@@ -277,7 +302,7 @@ GPT2_KERNEL_AVX2 inline void value_rows_all(Index r, Index b0, const AttentionTi
 // (they are a tile's first reads).
 GPT2_KERNEL_AVX2 inline void init_rows(const AttentionTile<float>& t, TileScratch<float>& ts) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd);
-  const __m256 scale = _mm256_set1_ps(t.scale);
+  const __m256 scale = _mm256_set1_ps(score_scale(t.scale));
   for (Index r = 0; r < t.rows; ++r) prefetch_span(t.q + r * t.ldq, hd * sizeof(float));
   for (Index r = 0; r < t.rows; ++r) {
     const float* q = t.q + r * t.ldq;
