@@ -109,6 +109,9 @@ inline float kexp2(float x) {
   return mul(y, two_n);
 }
 
+// e^x in the fused core's order (kernels/attention_tile.hpp's kexpe): kexp2(x L), x L rounded.
+inline float kexpe(float x) { return kexp2(mul(x, gpt2::kernels::kLog2eF)); }
+
 // In place: x_j = row[j] * scale; row[j] = softmax(x)_j for j < n; row[j] = 0 for n <= j < n_keys.
 // Steps: max from -inf (NaN if any x is NaN); e_j = kexp(x_j - max); 16 lane sums (lane j mod 16)
 // reduced s_i + s_{i+8}, + 4, + 2, + 1; row[j] = e_j * (1 / sum).
@@ -197,8 +200,7 @@ inline void attention_tile(Index rows, Index first_pos, Index head_dim, const fl
   std::vector<float> qs(static_cast<std::size_t>(head_dim)), o(qs.size()), ob(qs.size());
   for (Index r = 0; r < rows; ++r) {
     const Index pos = first_pos + r;
-    const float qscale = mul(scale, static_cast<float>(gpt2::kernels::kLog2e));
-    for (Index d = 0; d < head_dim; ++d) qs[d] = mul(q[r * ldq + d], qscale);
+    for (Index d = 0; d < head_dim; ++d) qs[d] = mul(q[r * ldq + d], scale);
     float m = minus_inf, z = 0.0f, l = 0.0f;
     std::fill(o.begin(), o.end(), 0.0f);
     for (Index b0 = 0; b0 <= pos; b0 += 64) {
@@ -219,7 +221,7 @@ inline void attention_tile(Index rows, Index first_pos, Index head_dim, const fl
       const float zb = mb == minus_inf ? 0.0f : mb;
       float lanes[16] = {};
       for (Index j = 0; j < 64; ++j) {
-        p[j] = j < n ? kexp2(sub(s[j], zb)) : 0.0f;
+        p[j] = j < n ? kexpe(sub(s[j], zb)) : 0.0f;
         lanes[j % 16] = add(lanes[j % 16], p[j]);
       }
       float u[8], v[4], w[2];
@@ -229,8 +231,8 @@ inline void attention_tile(Index rows, Index first_pos, Index head_dim, const fl
       const float lb = add(w[0], w[1]);
       const float m_new = (std::isnan(m) || std::isnan(mb)) ? nan : std::max(m, mb);
       const float z_new = m_new == minus_inf ? 0.0f : m_new;
-      const float a = m == minus_inf ? 0.0f : kexp2(sub(z, z_new));
-      const float c = mb == minus_inf ? 0.0f : kexp2(sub(zb, z_new));
+      const float a = m == minus_inf ? 0.0f : kexpe(sub(z, z_new));
+      const float c = mb == minus_inf ? 0.0f : kexpe(sub(zb, z_new));
       l = std::fma(lb, c, mul(l, a));
       for (Index d = 0; d < head_dim; ++d)
         o[d] = std::fma(block_pv(p, values + b0, d, n, pairs), c, mul(o[d], a));

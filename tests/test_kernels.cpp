@@ -40,16 +40,25 @@ float level_kexp(Isa isa, float x) {
   return isa == Isa::avx512 ? avx512_kexp(x) : gpt2::kernels::avx2::kexp(x);
 }
 
-// kexp2 (the fused core's 2^x, kernels/attention_tile.hpp) of one float at a level, and avx512's
-// form for arguments in [-inf, 0].
+// kexp2 and kexpe (the fused core's 2^x and e^x = 2^(x log2 e), kernels/attention_tile.hpp) of
+// one float at a level, and avx512's forms for arguments in [-inf, 0].
 GPT2_KERNEL_AVX512 float avx512_kexp2(float x) {
   return _mm512_cvtss_f32(gpt2::kernels::avx512::kexp2(_mm512_set1_ps(x)));
 }
 GPT2_KERNEL_AVX512 float avx512_kexp2_nonpositive(float x) {
   return _mm512_cvtss_f32(gpt2::kernels::avx512::kexp2_nonpositive(_mm512_set1_ps(x)));
 }
+GPT2_KERNEL_AVX512 float avx512_kexpe(float x) {
+  return _mm512_cvtss_f32(gpt2::kernels::avx512::kexpe(_mm512_set1_ps(x)));
+}
+GPT2_KERNEL_AVX512 float avx512_kexpe_nonpositive(float x) {
+  return _mm512_cvtss_f32(gpt2::kernels::avx512::kexpe_nonpositive(_mm512_set1_ps(x)));
+}
 float level_kexp2(Isa isa, float x) {
   return isa == Isa::avx512 ? avx512_kexp2(x) : gpt2::kernels::avx2::kexp2(x);
+}
+float level_kexpe(Isa isa, float x) {
+  return isa == Isa::avx512 ? avx512_kexpe(x) : gpt2::kernels::avx2::kexpe(x);
 }
 
 // Every test runs at each vector level; skipped with a message where the CPU lacks it.
@@ -62,6 +71,7 @@ class Kernels : public ::testing::TestWithParam<Isa> {
   const Table& k() const { return *gpt2::kernels::float_kernels(GetParam()); }
   float kexp(float x) const { return level_kexp(GetParam(), x); }
   float kexp2(float x) const { return level_kexp2(GetParam(), x); }
+  float kexpe(float x) const { return level_kexpe(GetParam(), x); }
 };
 
 constexpr float kSentinel = -12345.5f;
@@ -381,7 +391,8 @@ TEST_P(Kernels, Kexp2WithinOneUlpOfExp2AndEqualToTheEmulation) {
     std::memcpy(&x, &b, sizeof x);
     xs.push_back(x);
   }
-  // the points where nearbyint changes (ties to even), and the subnormal results next to -126
+  // the points where nearbyint changes (ties to even), and the least results (2^-126 and just
+  // above: -125.5 rounds to the even -126)
   for (float x : {-0.5f, -1.5f, -2.5f, -125.5f, -125.75f, -126.0f, -1e-8f, -0.0f, 0.0f})
     xs.push_back(x);
   double worst = 0;
@@ -403,8 +414,15 @@ TEST_P(Kernels, Kexp2SpecialCases) {
   const float inf = std::numeric_limits<float>::infinity();
   EXPECT_TRUE(std::isnan(kexp2(std::numeric_limits<float>::quiet_NaN())));
   EXPECT_TRUE(std::isnan(kexp2(-std::numeric_limits<float>::quiet_NaN())));
-  for (float x : {-inf, std::nextafter(-126.0f, -inf), -127.0f, -1e30f})
+  // flushed to +0 below -126 (avx512's form for [-inf, 0] too: the whole blocks' exps, where
+  // scores far below the block's max are common)
+  for (float x : {-inf, std::nextafter(-126.0f, -inf), -126.5f, -127.0f, -200.0f, -1e30f}) {
     EXPECT_EQ(bits(kexp2(x)), bits(0.0f)) << "x=" << x;
+    EXPECT_EQ(bits(emu::kexp2(x)), bits(0.0f)) << "x=" << x;
+    if (GetParam() == Isa::avx512) {
+      EXPECT_EQ(bits(avx512_kexp2_nonpositive(x)), bits(0.0f)) << "x=" << x;
+    }
+  }
   // whole powers exactly (f = 0: y = 1)
   for (int k = -126; k <= 127; ++k)
     ASSERT_EQ(kexp2(float(k)), std::ldexp(1.0f, k)) << "k=" << k;
@@ -415,6 +433,43 @@ TEST_P(Kernels, Kexp2SpecialCases) {
     EXPECT_TRUE(std::isfinite(kexp2(x))) << "x=" << x;
   }
   EXPECT_LE(ulps_from_exp2(kexp2(0.5f), 0.5f), 1.0);
+}
+
+// kexpe(x) = kexp2(x L) with x L rounded: bits equal to the emulation at each level (and avx512's
+// form for [-inf, 0] equal to it there); its error against double exp grows with |x|: x L is
+// rounded (half an ulp of x L) and L is log2 e rounded to float (1.3e-8 relative), which moves
+// 2^(x L) by about |x| 7.3e-8 relative, 1.25 |x| ulp at most; with kexp2's own error, the bound
+// checked is 1 + 1.25 |x| ulp (where p matters, |x| < 1: within 2.25 ulp).
+TEST_P(Kernels, KexpeIsKexp2OfXLog2eAndEqualToTheEmulation) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> u(-88.0f, 0.0f);
+  std::vector<float> xs;
+  for (int i = 0; i < 200000; ++i) xs.push_back(u(rng));
+  for (std::uint32_t b = 0x80000000u; b <= 0xC2B00000u; b += 4099u) {  // [-88, 0]'s bit patterns
+    float x;
+    std::memcpy(&x, &b, sizeof x);
+    xs.push_back(x);
+  }
+  for (float x : {-87.33654f, -87.4f, -100.0f, -0.0f, 0.0f, -1e-8f}) xs.push_back(x);
+  const float inf = std::numeric_limits<float>::infinity();
+  double worst = 0;  // ulp / (1 + 1.25 |x|)
+  float worst_x = 0;
+  for (float x : xs) {
+    const float got = kexpe(x);
+    ASSERT_EQ(bits(got), bits(emu::kexpe(x))) << "x=" << x;
+    if (GetParam() == Isa::avx512) {
+      ASSERT_EQ(bits(avx512_kexpe_nonpositive(x)), bits(got)) << "x=" << x;
+    }
+    if (got == 0.0f) continue;  // flushed: x L below -126
+    const double err = ulps_from_exp(got, x) / (1.0 + 1.25 * std::fabs(double(x)));
+    if (err > worst) worst = err, worst_x = x;
+  }
+  EXPECT_LE(worst, 1.0) << "worst at x=" << worst_x;
+  RecordProperty("kexpe_worst_ulp_over_bound", std::to_string(worst));
+  EXPECT_EQ(kexpe(0.0f), 1.0f);
+  EXPECT_EQ(bits(kexpe(-inf)), bits(0.0f));
+  EXPECT_TRUE(std::isnan(kexpe(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(bits(kexpe(-88.0f)), bits(0.0f));  // -88 L < -126
 }
 
 // softmax in double of x_j = float(row[j] * scale), the max subtracted first; gap[j] = |x_j - max|

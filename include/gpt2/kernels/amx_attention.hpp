@@ -1,20 +1,20 @@
 // The fused attention core on AMX tiles, for bf16 weights at the amx level (tile.bf16): one tile
 // of up to 256 query rows of one head (in row groups of 64), online softmax over the same 64-key blocks at absolute
 // positions as kernels/attention_tile.hpp, with the two products in bf16 on TDPBF16PS:
-//   qs   = q * score_scale(scale) (base 2), split into q_hi = bf16(qs), q_lo = bf16(qs - q_hi)   (once per tile)
+//   qs   = q * scale, split into q_hi = bf16(qs), q_lo = bf16(qs - q_hi)   (once per tile)
 //   per key block b (keys 64 b .. 64 b + 63 that exist; the others zero), k split alike:
 //     s    = q_hi k_hi^T + q_hi k_lo^T + q_lo k_hi^T, float32 accumulation (16-row x 16-key
 //            tiles over d; the three products in this order, each over d in order): q and k to
 //            about 16 bits, which the logits need (a logit of 80 moves by 0.3 with one bf16)
 //     m_b  = max of the row's visible s (NaN if any is NaN); z_b = m_b, or 0 when -inf
-//     p    = kexp2(s - z_b) for the visible keys, 0 for the others, split into two bf16 parts
+//     p    = kexpe(s - z_b) for the visible keys, 0 for the others, split into two bf16 parts
 //            p_hi = bf16(p), p_lo = bf16(p - p_hi) (p to about 16 bits, where one bf16 holds 8)
 //     l_b  = the sum of the row's p (_mm512_reduce_add_ps's order)
 //     o_b  = p_hi v_hi + p_lo v_hi + p_hi v_lo (v split alike), float32 accumulation (16 x 16
 //            tiles over keys, the products in this order); a block with a NaN or infinite value
 //            sums (p_hi + p_lo) v over each row's visible keys in float32 instead (a tile would
 //            give 0 * NaN = NaN to the rows that do not see that key)
-//     merged into the running (m, z, l, o) as attention_tile.hpp writes it (kexp2 factors a, c)
+//     merged into the running (m, z, l, o) as attention_tile.hpp writes it (kexpe factors a, c)
 //   out = o / l
 // Every step of a row depends only on its own data and position (an AMX tile computes its rows
 // independently), so a row gets the same bits in any tile of kAmxMinRows rows or more; tiles with
@@ -252,8 +252,8 @@ GPT2_KERNEL_AMX inline void rows_block_softmax(const AmxTileScratch& ts, Index i
     std::uint16_t* pl = ts.pl + (i + r) * 64;
 #pragma GCC unroll 2
     for (int v = 0; v < 4; v += 2) {
-      const __m512 p0 = _mm512_maskz_mov_ps(vis[r][v], avx512::kexp2(_mm512_sub_ps(x[r][v], zv)));
-      const __m512 p1 = _mm512_maskz_mov_ps(vis[r][v + 1], avx512::kexp2(_mm512_sub_ps(x[r][v + 1], zv)));
+      const __m512 p0 = _mm512_maskz_mov_ps(vis[r][v], avx512::kexpe(_mm512_sub_ps(x[r][v], zv)));
+      const __m512 p1 = _mm512_maskz_mov_ps(vis[r][v + 1], avx512::kexpe(_mm512_sub_ps(x[r][v + 1], zv)));
       __m512i hi, lo;
       split_bf16x32(p0, p1, hi, lo);
       _mm512_store_si512(pb + 16 * v, hi);
@@ -285,8 +285,8 @@ GPT2_KERNEL_AMX inline void merge_block(const AmxTileScratch& ts, Index g0, Inde
     const __mmask16 m_inf = _mm512_cmp_ps_mask(m, neg_inf, _CMP_EQ_OQ);
     const __mmask16 mb_inf = _mm512_cmp_ps_mask(mb, neg_inf, _CMP_EQ_OQ);
     const __m512 zb = _mm512_mask_mov_ps(mb, mb_inf, _mm512_setzero_ps());
-    const __m512 a = _mm512_mask_mov_ps(avx512::kexp2(_mm512_sub_ps(z, z2)), m_inf, _mm512_setzero_ps());
-    const __m512 c = _mm512_mask_mov_ps(avx512::kexp2(_mm512_sub_ps(zb, z2)), mb_inf, _mm512_setzero_ps());
+    const __m512 a = _mm512_mask_mov_ps(avx512::kexpe(_mm512_sub_ps(z, z2)), m_inf, _mm512_setzero_ps());
+    const __m512 c = _mm512_mask_mov_ps(avx512::kexpe(_mm512_sub_ps(zb, z2)), mb_inf, _mm512_setzero_ps());
     const __m512 l = _mm512_maskz_loadu_ps(k, tl + r0), lb = _mm512_maskz_loadu_ps(k, ts.lb + r0);
     _mm512_mask_storeu_ps(tl + r0, k, _mm512_fmadd_ps(lb, c, _mm512_mul_ps(l, a)));
     _mm512_mask_storeu_ps(tm + r0, k, m2);
@@ -310,8 +310,8 @@ GPT2_KERNEL_AMX inline void attention_tile_bf16(const AttentionTile<float>& t) {
   const Index D = t.head_dim, rows = t.rows;
   const AmxTileScratch ts(t.scratch, D);
   load_tile_config();
-  // qs = bf16(q * score_scale(scale)); running state from (-inf, 0, 0, 0)
-  const __m512 scale = _mm512_set1_ps(score_scale(t.scale));
+  // qs = bf16(q * scale); running state from (-inf, 0, 0, 0)
+  const __m512 scale = _mm512_set1_ps(t.scale);
   for (Index i = 0; i < rows; ++i) {
     const float* q = t.q + i * t.ldq;
     for (Index d = 0; d < D; d += 32) {

@@ -7,32 +7,32 @@
 // The arithmetic of one row, written here once for every level (so that a row gives the same bits
 // whatever tile, chunk, batch or thread count it is computed in: only its own position and data
 // enter it):
-//   qs = q * score_scale(scale) (scale log2 e, rounded once; the product rounded once): the
-//        scores in base 2, so that the softmax's exponentials are powers of 2
+//   qs = q * scale (rounded once)
 //   for each key block b = [64 b, 64 b + 64) the row sees part of (absolute positions):
 //     s_j  = q_s . k_j, one fused multiply-add chain over d = 0, 1, ... from +0
 //     m_b  = max of the visible s_j (NaN if any is NaN); z_b = m_b, or 0 when m_b = -inf
-//     p_j  = kexp2(s_j - z_b) for the visible keys (0 for the others)
+//     p_j  = kexpe(s_j - z_b) for the visible keys (0 for the others)
 //     l_b  = the 16 lane sums of p (lane t: keys 64 b + t, + 16, + 32, + 48, in order) added by
 //            halves (t + 8, then + 4, + 2, + 1)
 //     o_b  = sum_j p_j v_j, one fused multiply-add chain over the visible keys in order, from +0
 //     then merged into the running (m, z, l, o), which start at (-inf, 0, 0, 0):
 //       m' = max(m, m_b) (NaN if either is), z' = m', or 0 when m' = -inf
-//       a = kexp2(z - z') (0 when m = -inf), c = kexp2(z_b - z') (0 when m_b = -inf)
+//       a = kexpe(z - z') (0 when m = -inf), c = kexpe(z_b - z') (0 when m_b = -inf)
 //       l = fma(l_b, c, l * a), o = fma(o_b, c, o * a) elementwise
 //   out = o / l
-// kexp2(x) = 2^x: NaN stays NaN, 0 below -126, x capped at 127; n = nearbyint(x), f = x - n
-// (exact), y = 1 + f (c1 + f (c2 + ... + f c6)) by Horner's rule in fused multiply-adds (p = c6,
+// kexpe(x) = e^x as 2^(x L): t = x L rounded once (L = log2 e as a float), then kexp2(t): NaN
+// stays NaN, 0 below t = -126, t capped at 127; n = nearbyint(t), f = t - n (exact),
+// y = 1 + f (c1 + f (c2 + ... + f c6)) by Horner's rule in fused multiply-adds (p = c6,
 // p = fma(p, f, c_k) for k = 5 .. 1, y = fma(p, f, 1); kExp2Poly), then y 2^n rounded once.
-// (In base 2 an exponential takes 6 fused multiply-adds where exp(x) took 10; the softmax was a
-// tenth of the core's time: docs/speed.md.)
+// (7 multiplies and fused multiply-adds where the Cephes-style exp of kernels/dispatch.hpp's
+// softmax_row takes 10; the softmax was a tenth of the core's time: docs/speed.md.)
 // The vector levels (avx2, avx512) implement exactly this and give identical bits
 // (tests/test_attention_core.cpp checks both against the scalar emulation of
 // tests/kernel_emulation.hpp). At avx512_bf16 a bf16 tile (bf16 weights) computes s_j and o_b of
 // the blocks before a row's own in bf16 pairs instead (kernels/avx512_bf16_attention.hpp); every
 // other step is the same. The generic level (float and double) runs the same steps in plain
-// C++ (std::exp2; products and sums as the compiler contracts them), so its rows are exact too,
-// but its bits are its own.
+// C++ (std::exp2 of x log2 e; products and sums as the compiler contracts them), so its rows are
+// exact too, but its bits are its own.
 //
 // Per-thread scratch: attention_scratch_size(head_dim) scalars, 64-byte aligned: independent of
 // the number of keys.
@@ -54,17 +54,13 @@ inline constexpr Index kDecodeBlocks = 2;   // key blocks a one-row tile may wor
 
 // log2 e, and kexp2's polynomial: 2^f = 1 + f (c1 + f (c2 + ... + f c6)) for f in [-1/2, 1/2],
 // kExp2Poly = {c6, c5, .., c1} (Horner's order), a minimax fit of the relative error (1.97e-9
-// with these coefficients in double; within 0.94 ulp evaluated in float32 with fused
-// multiply-adds).
+// with these coefficients in double; within 0.91 ulp evaluated in float32 with fused
+// multiply-adds: tests/test_kernels.cpp).
 inline constexpr double kLog2e = 1.44269504088896340735992468100189214;
+inline constexpr float kLog2eF = static_cast<float>(kLog2e);
 inline constexpr float kExp2Poly[6] = {1.535335905e-4f, 1.339887618e-3f, 9.618436918e-3f,
                                        5.550332367e-2f, 2.402264774e-1f, 6.931471825e-1f};
 
-// The factor that turns q into qs: scale log2 e, rounded once to T (scores in base 2).
-template <class T>
-inline T score_scale(T scale) {
-  return scale * static_cast<T>(kLog2e);
-}
 
 // One tile's arguments. Key row j (0 <= j < first_pos + rows) is
 //   key_pages[j / page_rows] + (j % page_rows) * key_stride    (head_dim contiguous scalars)
@@ -260,10 +256,11 @@ namespace generic {
 #define GPT2_KERNEL_NOINLINE __attribute__((noinline))
 #endif
 
-// 2^x with the interface's edge cases (NaN stays NaN; the caller never passes +inf - +inf).
+// e^x as 2^(x log2 e), with the interface's edge cases (NaN stays NaN; the caller never passes
+// +inf - +inf).
 template <class T>
 T block_exp(T x) {
-  return std::exp2(x);
+  return std::exp2(x * static_cast<T>(kLog2e));
 }
 
 // The running state of one row: max, reference point, sum, o [hdp].
@@ -346,8 +343,7 @@ void attention_tile(const AttentionTile<T>& t) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
   TileScratch<T> s(t.scratch, hd);
   for (Index r = 0; r < nb; ++r) {
-    const T qscale = score_scale(t.scale);
-    for (Index d = 0; d < hd; ++d) s.qs[r * hdp + d] = t.q[r * t.ldq + d] * qscale;
+    for (Index d = 0; d < hd; ++d) s.qs[r * hdp + d] = t.q[r * t.ldq + d] * t.scale;
     std::fill(s.o + r * hdp, s.o + r * hdp + hdp, T(0));
     s.m[r] = -std::numeric_limits<T>::infinity();
     s.z[r] = T(0);
@@ -382,8 +378,7 @@ template <class T>
 void row_partials(const AttentionTile<T>& t, Index block_begin, Index block_end, T* parts) {
   const Index hd = t.head_dim;
   TileScratch<T> s(t.scratch, hd);
-  const T qscale = score_scale(t.scale);
-  for (Index d = 0; d < hd; ++d) s.qs[d] = t.q[d] * qscale;
+  for (Index d = 0; d < hd; ++d) s.qs[d] = t.q[d] * t.scale;
   const T* krow[kKeyBlock];
   const T* vrow[kKeyBlock];
   for (Index b = block_begin; b < block_end; ++b) {

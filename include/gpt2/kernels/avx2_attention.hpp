@@ -127,6 +127,19 @@ GPT2_KERNEL_AVX2 inline float kexp2(float x) {
   return _mm_cvtss_f32(_mm256_castps256_ps128(kexp2_8(_mm256_set1_ps(x))));
 }
 
+// kexpe (kernels/attention_tile.hpp: e^x as 2^(x L)) of 8 lanes: x L rounded on its own (opaque
+// to the optimizer, so that it is never fused into kexp2_8's subtraction), then kexp2_8.
+GPT2_KERNEL_AVX2 inline __m256 kexpe8(__m256 x) {
+  __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(kLog2eF));
+  asm("" : "+x"(t));
+  return kexp2_8(t);
+}
+
+// kexpe of one float: lane 0 of kexpe8 (the same bits).
+GPT2_KERNEL_AVX2 inline float kexpe(float x) {
+  return _mm_cvtss_f32(_mm256_castps256_ps128(kexpe8(_mm256_set1_ps(x))));
+}
+
 // Row r's block statistics from its 64 stored scores (n visible): p stored over them, then the
 // merge factors and the running m, z, l (attention_tile.hpp's steps; avx512's bits).
 GPT2_KERNEL_AVX2 inline void block_stats(Index n, float* p, float* stats) {
@@ -150,7 +163,7 @@ GPT2_KERNEL_AVX2 inline void block_stats(Index n, float* p, float* stats) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();  // lanes 0-7 and 8-15 of 16
 #pragma GCC unroll 8
   for (int v = 0; v < 8; ++v) {
-    const __m256 e = _mm256_and_ps(kexp2_8(_mm256_sub_ps(x[v], z)), live[v]);
+    const __m256 e = _mm256_and_ps(kexpe8(_mm256_sub_ps(x[v], z)), live[v]);
     _mm256_store_ps(p + 8 * v, e);
     if (v % 2 == 0)
       s0 = _mm256_add_ps(s0, e);
@@ -173,8 +186,8 @@ GPT2_KERNEL_AVX2 inline void merge_stats(Index r, float mb, float zb, float lb,
   const float m_new = (m_old != m_old || mb != mb) ? std::numeric_limits<float>::quiet_NaN()
                                                    : std::max(m_old, mb);
   const float z_new = m_new == minus_inf ? 0.0f : m_new;
-  const float a = m_old == minus_inf ? 0.0f : kexp2(ts.z[r] - z_new);
-  const float c = mb == minus_inf ? 0.0f : kexp2(zb - z_new);
+  const float a = m_old == minus_inf ? 0.0f : kexpe(ts.z[r] - z_new);
+  const float c = mb == minus_inf ? 0.0f : kexpe(zb - z_new);
   ts.l[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(lb), _mm_set_ss(c),
                                        _mm_mul_ss(_mm_set_ss(ts.l[r]), _mm_set_ss(a))));
   ts.m[r] = m_new;
@@ -302,7 +315,7 @@ GPT2_KERNEL_AVX2 inline void value_rows_all(Index r, Index b0, const AttentionTi
 // (they are a tile's first reads).
 GPT2_KERNEL_AVX2 inline void init_rows(const AttentionTile<float>& t, TileScratch<float>& ts) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd);
-  const __m256 scale = _mm256_set1_ps(score_scale(t.scale));
+  const __m256 scale = _mm256_set1_ps(t.scale);
   for (Index r = 0; r < t.rows; ++r) prefetch_span(t.q + r * t.ldq, hd * sizeof(float));
   for (Index r = 0; r < t.rows; ++r) {
     const float* q = t.q + r * t.ldq;

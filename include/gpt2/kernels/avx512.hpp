@@ -370,7 +370,7 @@ GPT2_KERNEL_AVX512 inline void row_times_transposed(Index N, Index K, const floa
 // ---- softmax of one score row ----------------------------------------------------------------
 
 // exp(x) = y * 2^n for x <= 88, before the scaling: n = round(x log2 e), y = exp(r) on
-// r = x - n ln 2 (ln 2 in two parts), Cephes' polynomial. kexp's and kexp_nonpositive's steps.
+// r = x - n ln 2 (ln 2 in two parts), Cephes' polynomial. kexp's steps.
 struct ExpParts {
   __m512 y, n;
 };
@@ -399,14 +399,6 @@ GPT2_KERNEL_AVX512 inline __m512 kexp(__m512 x) {
   __m512 result = _mm512_scalef_ps(e.y, e.n);
   result = _mm512_mask_mov_ps(result, under, _mm512_setzero_ps());
   return _mm512_mask_mov_ps(result, nan, x);
-}
-
-// kexp(x) for x in [-inf, 0] (never NaN): the same bits without the steps that only values
-// outside that range need (the clamp at 88, NaN passed through).
-GPT2_KERNEL_AVX512 inline __m512 kexp_nonpositive(__m512 x) {
-  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
-  const ExpParts e = kexp_parts(x);
-  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), e.y, e.n);
 }
 
 // In place: x_j = row[j] * scale; row[j] = softmax(x)_j for j < n; row[j] = 0 for n <= j < n_keys.

@@ -168,9 +168,25 @@ GPT2_KERNEL_AVX512 inline __m512 kexp2_nonpositive(__m512 x) {
   return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), e.y, e.n);
 }
 
-// kexp2 of one float: lane 0 of kexp2 (the same bits).
-GPT2_KERNEL_AVX512 inline float kexp2_1(float x) {
-  return _mm_cvtss_f32(_mm512_castps512_ps128(kexp2(_mm512_set1_ps(x))));
+// x L rounded on its own (L = log2 e as a float: kexpe's first step). A plain product: its uses
+// (a minimum, or a rounding and a subtraction) leave no sum for a compiler to fuse it into alone;
+// the explicit-rounding form ran the stage 1% slower (docs/speed.md), and test_attention_core
+// checks the bits against the emulation.
+GPT2_KERNEL_AVX512 inline __m512 times_log2e(__m512 x) {
+  return _mm512_mul_ps(x, _mm512_set1_ps(kLog2eF));
+}
+
+// kexpe (kernels/attention_tile.hpp: e^x as 2^(x L)) of 16 floats: the core's exponential.
+GPT2_KERNEL_AVX512 inline __m512 kexpe(__m512 x) { return kexp2(times_log2e(x)); }
+
+// kexpe(x) for x in [-inf, 0] (never NaN): the same bits (x L lies in [-inf, 0] too).
+GPT2_KERNEL_AVX512 inline __m512 kexpe_nonpositive(__m512 x) {
+  return kexp2_nonpositive(times_log2e(x));
+}
+
+// kexpe of one float: lane 0 of kexpe (the same bits).
+GPT2_KERNEL_AVX512 inline float kexpe1(float x) {
+  return _mm_cvtss_f32(_mm512_castps512_ps128(kexpe(_mm512_set1_ps(x))));
 }
 
 // Row r's block statistics from its 64 scores stored in p (n of them visible): p replaced by the
@@ -196,7 +212,7 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_stats(Index n, fl
   __m512 sum = _mm512_setzero_ps();
 #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) {
-    const __m512 e = _mm512_maskz_mov_ps(live[v], kexp2(_mm512_sub_ps(s[v], z)));
+    const __m512 e = _mm512_maskz_mov_ps(live[v], kexpe(_mm512_sub_ps(s[v], z)));
     _mm512_store_ps(p + 16 * v, e);
     sum = _mm512_add_ps(sum, e);
   }
@@ -213,8 +229,8 @@ GPT2_KERNEL_AVX512 inline void merge_stats(Index r, float mb, float zb, float lb
   const float m_old = ts.m[r];
   const float m_new = (m_old != m_old || mb != mb) ? __builtin_nanf("") : std::max(m_old, mb);
   const float z_new = m_new == minus_inf ? 0.0f : m_new;
-  const float a = m_old == minus_inf ? 0.0f : kexp2_1(ts.z[r] - z_new);
-  const float c = mb == minus_inf ? 0.0f : kexp2_1(zb - z_new);
+  const float a = m_old == minus_inf ? 0.0f : kexpe1(ts.z[r] - z_new);
+  const float c = mb == minus_inf ? 0.0f : kexpe1(zb - z_new);
   ts.l[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(lb), _mm_set_ss(c),
                                        _mm_mul_ss(_mm_set_ss(ts.l[r]), _mm_set_ss(a))));
   ts.m[r] = m_new;
@@ -514,7 +530,7 @@ GPT2_KERNEL_AVX512 inline void prefetch_decode_start(const AttentionTile<float>&
 // the rate from memory (AMD Zen 5: docs/speed.md).
 GPT2_KERNEL_AVX512 inline void init_rows(const AttentionTile<float>& t, TileScratch<float>& ts) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd);
-  const __m512 scale = _mm512_set1_ps(score_scale(t.scale));
+  const __m512 scale = _mm512_set1_ps(t.scale);
   for (Index r = 0; r < t.rows; ++r) prefetch_span(t.q + r * t.ldq, hd * sizeof(float));
   for (Index r = 0; r < t.rows; ++r) {
     const float* q = t.q + r * t.ldq;
@@ -757,7 +773,7 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax16(
 #pragma GCC unroll 16
   for (int u = 0; u < 16; ++u) lane_sum[u] = zero;
   // A full block all 16 rows see whole (below the diagonal) with no NaN or +inf maximum: every
-  // s - z_b lies in [-inf, 0], so the visibility masks and kexp2's range steps change nothing there.
+  // s - z_b lies in [-inf, 0], so the visibility masks and kexpe's range steps change nothing there.
   const bool whole = n_blk == kKeyBlock && all_lanes_see(active, g, b0, n_blk - 1, t) &&
                      bm.nan[g] == 0 &&
                      _mm512_cmp_ps_mask(mb, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ) == 0;
@@ -766,7 +782,7 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax16(
 #pragma GCC unroll 16
       for (int u = 0; u < 16; ++u) {
         float* sj = st + (j0 + u) * kTileMaxRows;
-        const __m512 e = kexp2_nonpositive(_mm512_sub_ps(_mm512_load_ps(sj), zb));
+        const __m512 e = kexpe_nonpositive(_mm512_sub_ps(_mm512_load_ps(sj), zb));
         _mm512_store_ps(sj, e);
         lane_sum[u] = _mm512_add_ps(lane_sum[u], e);
       }
@@ -781,7 +797,7 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax16(
             active & _mm512_cmp_epi32_mask(rel, _mm512_set1_epi32(static_cast<int>(j)),
                                            _MM_CMPINT_NLT);
         float* sj = st + j * kTileMaxRows;
-        const __m512 e = _mm512_maskz_mov_ps(vis, kexp2(_mm512_sub_ps(_mm512_load_ps(sj), zb)));
+        const __m512 e = _mm512_maskz_mov_ps(vis, kexpe(_mm512_sub_ps(_mm512_load_ps(sj), zb)));
         _mm512_store_ps(sj, e);
         lane_sum[u] = _mm512_add_ps(lane_sum[u], e);
       }
@@ -801,9 +817,9 @@ GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_softmax16(
   const __m512 m_new = _mm512_mask_mov_ps(_mm512_max_ps(m_old, mb), either_nan, nan_v);
   const __m512 z_new =
       _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, minus_inf, _CMP_EQ_OQ), zero);
-  const __m512 a = _mm512_mask_mov_ps(kexp2(_mm512_sub_ps(z_old, z_new)),
+  const __m512 a = _mm512_mask_mov_ps(kexpe(_mm512_sub_ps(z_old, z_new)),
                                       _mm512_cmp_ps_mask(m_old, minus_inf, _CMP_EQ_OQ), zero);
-  const __m512 c = _mm512_mask_mov_ps(kexp2(_mm512_sub_ps(zb, z_new)),
+  const __m512 c = _mm512_mask_mov_ps(kexpe(_mm512_sub_ps(zb, z_new)),
                                       _mm512_cmp_ps_mask(mb, minus_inf, _CMP_EQ_OQ), zero);
   _mm512_mask_store_ps(ts.l + 16 * g, active, _mm512_fmadd_ps(lb, c, _mm512_mul_ps(l_old, a)));
   _mm512_mask_store_ps(ts.m + 16 * g, active, m_new);
