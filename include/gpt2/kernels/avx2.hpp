@@ -441,11 +441,21 @@ GPT2_KERNEL_AVX2 inline void row_times_transposed(Index N, Index K, const float*
 // ---------------------------------------------------------------------------------------------
 // exp and the softmax.
 
+// The last steps of an exponential of x (kexp8, and the fused core's kexp2_8): y * 2^n for n in
+// [-126, 127] (the exponent field n + 127; the callers' clamps guarantee that range wherever the
+// result is kept), then 0 in the lanes `below` and x itself where x is NaN.
+GPT2_KERNEL_AVX2 inline __m256 exp_result8(__m256 x, __m256 y, __m256 n, __m256 below) {
+  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 scaled = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_blendv_ps(_mm256_blendv_ps(scaled, _mm256_setzero_ps(), below), x, is_nan);
+}
+
 // kexp of 8 lanes (the interface's order): NaN stays NaN, x < -87.33654 gives 0,
 // otherwise y * 2^n with n = nearbyint(x log2(e)) (x capped at 88) and y a degree-7 polynomial of
 // the reduced argument r = x - n ln(2).
 GPT2_KERNEL_AVX2 inline __m256 kexp8(__m256 x) {
-  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
   const __m256 xc = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
@@ -460,11 +470,7 @@ GPT2_KERNEL_AVX2 inline __m256 kexp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
   const __m256 y =
       _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  // 2^n for n in [-126, 127] (x >= -87.33654 and x <= 88): the exponent field n + 127
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 scaled = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-  return _mm256_blendv_ps(_mm256_blendv_ps(scaled, _mm256_setzero_ps(), below), x, is_nan);
+  return exp_result8(x, y, n, below);  // n in [-126, 127] for x in [-87.33654, 88]
 }
 
 // kexp of one float: lane 0 of kexp8 (the same bits).

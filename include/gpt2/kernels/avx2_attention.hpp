@@ -106,7 +106,6 @@ GPT2_KERNEL_AVX2 inline void pack_values(const E* const* rows, Index n, Index he
 // NaN, x < -126 gives 0, otherwise y * 2^n with n = nearbyint(x) (x capped at 127), f = x - n and
 // y = 1 + f (c1 + f (c2 + ... + f c6)).
 GPT2_KERNEL_AVX2 inline __m256 kexp2_8(__m256 x) {
-  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
   const __m256 xc = _mm256_min_ps(x, _mm256_set1_ps(127.0f));
   const __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -114,12 +113,7 @@ GPT2_KERNEL_AVX2 inline __m256 kexp2_8(__m256 x) {
   __m256 p = _mm256_set1_ps(kExp2Poly[0]);
 #pragma GCC unroll 5
   for (int k = 1; k < 6; ++k) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[k]));
-  const __m256 y = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  // 2^n for n in [-126, 127] (wherever the result is kept): the exponent field n + 127
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 scaled = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-  return _mm256_blendv_ps(_mm256_blendv_ps(scaled, _mm256_setzero_ps(), below), x, is_nan);
+  return exp_result8(x, _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f)), n, below);
 }
 
 // kexp2 of one float: lane 0 of kexp2_8 (the same bits).

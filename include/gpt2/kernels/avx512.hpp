@@ -388,17 +388,21 @@ GPT2_KERNEL_AVX512 inline ExpParts kexp_parts(__m512 x) {
   return {_mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f)), n};
 }
 
+// The last steps of an exponential of x (kexp, and the fused core's kexp2): y * 2^n in one rounded
+// step (vscalefps: for n in [-126, 127], which the callers' clamps guarantee wherever the result
+// is kept, exactly the product with 2^n), then 0 in the lanes `under` and x itself where x is NaN.
+GPT2_KERNEL_AVX512 inline __m512 exp_result(__m512 x, const ExpParts& e, __mmask16 under) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512 result =
+      _mm512_mask_mov_ps(_mm512_scalef_ps(e.y, e.n), under, _mm512_setzero_ps());
+  return _mm512_mask_mov_ps(result, nan, x);
+}
+
 // kexp (dispatch.hpp's spec) of 16 floats: exp(x) within 2 ulp on [-87.3, 88]; 0 below
 // -87.33654; NaN stays NaN.
 GPT2_KERNEL_AVX512 inline __m512 kexp(__m512 x) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
-  const ExpParts e = kexp_parts(_mm512_min_ps(x, _mm512_set1_ps(88.0f)));
-  // y * 2^n in one rounded step (vscalefps: for n in [-126, 127], which the clamps above
-  // guarantee wherever the result is kept, exactly the product with 2^n)
-  __m512 result = _mm512_scalef_ps(e.y, e.n);
-  result = _mm512_mask_mov_ps(result, under, _mm512_setzero_ps());
-  return _mm512_mask_mov_ps(result, nan, x);
+  return exp_result(x, kexp_parts(_mm512_min_ps(x, _mm512_set1_ps(88.0f))), under);
 }
 
 // In place: x_j = row[j] * scale; row[j] = softmax(x)_j for j < n; row[j] = 0 for n <= j < n_keys.

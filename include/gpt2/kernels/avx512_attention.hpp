@@ -151,13 +151,8 @@ GPT2_KERNEL_AVX512 inline ExpParts kexp2_parts(__m512 x) {
 // kexp2 of 16 floats: 2^x within 1 ulp on [-126, 127]; 0 below -126; x capped at 127; NaN stays
 // NaN.
 GPT2_KERNEL_AVX512 inline __m512 kexp2(__m512 x) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
-  const ExpParts e = kexp2_parts(_mm512_min_ps(x, _mm512_set1_ps(127.0f)));
-  // y * 2^n in one rounded step (vscalefps; n in [-126, 127] wherever the result is kept)
-  __m512 result = _mm512_scalef_ps(e.y, e.n);
-  result = _mm512_mask_mov_ps(result, under, _mm512_setzero_ps());
-  return _mm512_mask_mov_ps(result, nan, x);
+  return exp_result(x, kexp2_parts(_mm512_min_ps(x, _mm512_set1_ps(127.0f))), under);
 }
 
 // kexp2(x) for x in [-inf, 0] (never NaN): the same bits without the steps that only values
