@@ -68,6 +68,15 @@ inline void row_times_transposed(Index N, Index K, const float* a, const float* 
   }
 }
 
+// y * 2^n rounded once, for a whole n in [-126, 127] (2^n built in the exponent field): the last
+// step of kexp and kexp2.
+inline float times_pow2(float y, float n) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return mul(y, two_n);
+}
+
 // exp(x) in the documented order: NaN kept, 0 below -87.33654, x capped at 88, n =
 // nearbyint(x log2 e), r = x - n ln 2 in two steps, a degree-5 polynomial p, y = p r^2 + r + 1,
 // y * 2^n.
@@ -85,10 +94,7 @@ inline float kexp(float x) {
   p = std::fma(p, r, 1.6666665459E-1f);
   p = std::fma(p, r, 5.0000001201E-1f);
   const float y = add(std::fma(p, mul(r, r), r), 1.0f);
-  const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return mul(y, two_n);
+  return times_pow2(y, n);
 }
 
 // 2^x in the fused core's order (kernels/attention_tile.hpp's kexp2): NaN kept, 0 below -126, x
@@ -102,11 +108,7 @@ inline float kexp2(float x) {
   const float f = sub(x, n);
   float p = gpt2::kernels::kExp2Poly[0];
   for (int k = 1; k < 6; ++k) p = std::fma(p, f, gpt2::kernels::kExp2Poly[k]);
-  const float y = std::fma(p, f, 1.0f);
-  const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<int>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return mul(y, two_n);
+  return times_pow2(std::fma(p, f, 1.0f), n);
 }
 
 // e^x in the fused core's order (kernels/attention_tile.hpp's kexpe): kexp2(x L), x L rounded.

@@ -121,10 +121,7 @@ class WorkerTeam {
     job_ = [](const void* fn, int thread) { (*static_cast<const F*>(fn))(thread); };
     job_arg_ = &f;
     finished_.store(0, std::memory_order_relaxed);
-    // publishes the job, with its thread count, to the workers
-    const std::uint64_t next = ((state_.load(std::memory_order_relaxed) >> kCountBits) + 1)
-                               << kCountBits;
-    state_.store(next | static_cast<std::uint64_t>(n_threads), std::memory_order_seq_cst);
+    publish(static_cast<std::uint64_t>(n_threads));  // the job, with its thread count
     if (sleeping_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();
@@ -163,6 +160,13 @@ class WorkerTeam {
   static constexpr std::uint64_t kStopThreads = (std::uint64_t(1) << kCountBits) - 1;
   static int threads_of(std::uint64_t state) {
     return static_cast<int>(state & kStopThreads);
+  }
+  // The next call number, with `threads` (a call's thread count, or kStopThreads), published to
+  // the workers (only the team's calling thread writes state_).
+  void publish(std::uint64_t threads) {
+    const std::uint64_t next = ((state_.load(std::memory_order_relaxed) >> kCountBits) + 1)
+                               << kCountBits;
+    state_.store(next | threads, std::memory_order_seq_cst);
   }
 
   // Set on a team's threads, and on a caller while its run() is under way.
@@ -259,9 +263,7 @@ class WorkerTeam {
 
   void stop() {
     stop_.store(true, std::memory_order_release);
-    const std::uint64_t next = ((state_.load(std::memory_order_relaxed) >> kCountBits) + 1)
-                               << kCountBits;
-    state_.store(next | kStopThreads, std::memory_order_seq_cst);
+    publish(kStopThreads);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       wake_.notify_all();

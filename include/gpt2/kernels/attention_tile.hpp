@@ -61,7 +61,6 @@ inline constexpr float kLog2eF = static_cast<float>(kLog2e);
 inline constexpr float kExp2Poly[6] = {1.535335905e-4f, 1.339887618e-3f, 9.618436918e-3f,
                                        5.550332367e-2f, 2.402264774e-1f, 6.931471825e-1f};
 
-
 // One tile's arguments. Key row j (0 <= j < first_pos + rows) is
 //   key_pages[j / page_rows] + (j % page_rows) * key_stride    (head_dim contiguous scalars)
 // and value row j likewise in value_pages (value_stride). q rows are ldq apart, out rows ldo apart.

@@ -121,12 +121,11 @@ GPT2_KERNEL_AVX2 inline float kexp2(float x) {
   return _mm_cvtss_f32(_mm256_castps256_ps128(kexp2_8(_mm256_set1_ps(x))));
 }
 
-// kexpe (kernels/attention_tile.hpp: e^x as 2^(x L)) of 8 lanes: x L rounded on its own (opaque
-// to the optimizer, so that it is never fused into kexp2_8's subtraction), then kexp2_8.
+// kexpe (kernels/attention_tile.hpp: e^x as 2^(x L)) of 8 lanes: x L rounded on its own, then
+// kexp2_8 (a plain product, as at avx512: its one use is kexp2_8's minimum, no sum to fuse it
+// into; test_attention_core checks the bits against the emulation).
 GPT2_KERNEL_AVX2 inline __m256 kexpe8(__m256 x) {
-  __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(kLog2eF));
-  asm("" : "+x"(t));
-  return kexp2_8(t);
+  return kexp2_8(_mm256_mul_ps(x, _mm256_set1_ps(kLog2eF)));
 }
 
 // kexpe of one float: lane 0 of kexpe8 (the same bits).

@@ -137,8 +137,8 @@ GPT2_KERNEL_AVX512 inline float sum_by_halves(__m512 sum) {
   return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
 }
 
-// 2^x = y * 2^n before the scaling (kexp2 of kernels/attention_tile.hpp, the fused core's softmax
-// in base 2): n = nearbyint(x), f = x - n (exact), y = 1 + f (c1 + f (c2 + ... + f c6)).
+// 2^x = y * 2^n before the scaling (kexp2 of kernels/attention_tile.hpp, the second step of the
+// fused core's kexpe): n = nearbyint(x), f = x - n (exact), y = 1 + f (c1 + f (c2 + ... + f c6)).
 GPT2_KERNEL_AVX512 inline ExpParts kexp2_parts(__m512 x) {
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
