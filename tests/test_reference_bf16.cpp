@@ -5,8 +5,16 @@
 // (metadata torch_bf16_err_out: the sublayer with weights and input in torch.bfloat16, every op in
 // bf16, tests/reference/generate.py), and at most 5e-3 where PyTorch's is below that. The same for
 // merged (the heads before c_proj) where the fixture has PyTorch's figure. The BF16Cache_ cases run
-// the same fixtures through a KVCacheBF16 (keys and values in bf16). Prints the table
-// docs/accuracy.md shows (lines starting with '|').
+// the same fixtures through a KVCacheBF16 (keys and values in bf16).
+//
+// The fixtures also hold the exact answer on the bf16-rounded weights (out_bf16_weights, metadata
+// bf16_weights_err_*: float64 math, nothing else rounded). At the levels that widen the bf16 weights
+// and do float32 math (generic, avx2, avx512) ours must equal it to float32 accuracy (8x PyTorch
+// float32's own error, test_reference's bar). Where that exact answer is itself further from the
+// reference than PyTorch's bf16 run (big_logits_T33: logits in the thousands, which the weights'
+// rounding moves by about 20), no implementation with these weights can meet PyTorch's figure but
+// by chance; there the bar is the exact answer's error plus the float32 tolerance, and the test
+// prints that it was raised. Prints the table docs/bf16.md shows (lines starting with '|').
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,7 +40,7 @@ using gpt2::test::inputs_for;
 
 struct Row {
   std::string case_name, level;
-  double ours, torch_bf16;
+  double ours, torch_bf16, exact_bf16_weights;
 };
 std::vector<Row>& table() {
   static std::vector<Row> rows;
@@ -45,20 +53,21 @@ class Bf16Table : public ::testing::Environment {
     if (table().empty()) return;
     std::vector<std::string> levels, cases;
     std::map<std::pair<std::string, std::string>, double> ours;
-    std::map<std::string, double> torch;
+    std::map<std::string, double> torch, exact;
     for (const Row& r : table()) {
       if (std::find(levels.begin(), levels.end(), r.level) == levels.end()) levels.push_back(r.level);
       if (std::find(cases.begin(), cases.end(), r.case_name) == cases.end()) cases.push_back(r.case_name);
       ours[{r.case_name, r.level}] = r.ours;
       torch[r.case_name] = r.torch_bf16;
+      exact[r.case_name] = r.exact_bf16_weights;
     }
-    std::printf("\n| case | PyTorch bf16 out error |");
+    std::printf("\n| case | PyTorch bf16 out error | exact on bf16 weights |");
     for (const std::string& l : levels) std::printf(" ours at %s |", l.c_str());
-    std::printf("\n|---|---|");
+    std::printf("\n|---|---|---|");
     for (std::size_t i = 0; i < levels.size(); ++i) std::printf("---|");
     std::printf("\n");
     for (const std::string& c : cases) {
-      std::printf("| %s | %.2e |", c.c_str(), torch[c]);
+      std::printf("| %s | %.2e | %.2e |", c.c_str(), torch[c], exact[c]);
       for (const std::string& l : levels) {
         const auto it = ours.find({c, l});
         if (it == ours.end())
@@ -80,26 +89,50 @@ std::vector<Index> integers(const std::string& csv) {
   return v;
 }
 
-// ours' error on `quantity` within the bar of PyTorch's bf16 error (metadata torch_bf16_err_*).
+// ours' error on `quantity` within the bar of PyTorch's bf16 error (metadata torch_bf16_err_*),
+// raised to the exact answer on bf16 weights (bf16_weights_err_*) plus float32's tolerance where
+// that exact answer is itself further off than PyTorch's.
 void expect_within_torch_bf16(const Fixture& f, const std::string& quantity,
                               const RowMatrix<float>& ours, const RowMatrix<double>& ref,
                               const std::string& label = "") {
   const std::string key = "torch_bf16_err_" + quantity;
   ASSERT_TRUE(f.has_meta(key)) << f.name() << " has no " << key;
+  ASSERT_TRUE(f.has_meta("bf16_weights_err_" + quantity)) << f.name() << " has no bf16_weights_err_" << quantity;
   const double torch_err = f.number(key);
+  const double exact_err = f.number("bf16_weights_err_" + quantity);
+  const double tol32 = 8 * f.number("torch32_err_" + quantity);
   const double err = gpt2::test::max_diff(ours, ref).relative();
-  // The known exception: logits in the thousands (big_logits_T33, |logit| up to 5800). Rounding
-  // the weights to bf16 moves such logits by about 20, both PyTorch's and ours, and which keys
-  // the saturated softmax then picks is chance: there our error is 1.5-2x PyTorch's (docs/
-  // accuracy.md), held to 3x here. Issue 14's bar is not met on that case.
-  const double bar = f.number("max_abs_logit") > 1000 ? 3 * torch_err : torch_err;
+  double bar = torch_err;
+  if (exact_err > torch_err) {
+    bar = exact_err + tol32;
+    std::printf("%s %s: the exact answer on bf16 weights is %.3e from the reference, PyTorch's bf16 "
+                "run %.3e: bar raised to %.3e (issue 14's bar of PyTorch's figure is out of reach "
+                "with these weights)\n",
+                f.name().c_str(), quantity.c_str(), exact_err, torch_err, bar);
+  }
   EXPECT_LE(err, bar) << f.name() << " " << quantity << ": ours " << err
-                      << " against PyTorch bf16's " << torch_err;
+                      << " against PyTorch bf16's " << torch_err << " (exact on bf16 weights "
+                      << exact_err << ")";
   if (torch_err < 5e-3) {
     EXPECT_LE(err, 5e-3) << f.name() << " " << quantity;
   }
   if (quantity == "out")
-    table().push_back({f.name() + label, gpt2::isa_name(gpt2::active_isa()), err, torch_err});
+    table().push_back({f.name() + label, gpt2::isa_name(gpt2::active_isa()), err, torch_err, exact_err});
+}
+
+// At the levels whose bf16 products widen the weights and do float32 math, ours is the exact
+// answer on bf16 weights (out_bf16_weights) up to float32 rounding.
+void expect_exact_on_bf16_weights(const Fixture& f, const RowMatrix<float>& ours) {
+  const Isa level = gpt2::active_isa();
+  if (level != Isa::generic && level != Isa::avx2 && level != Isa::avx512) return;
+  const double tol32 = 8 * f.number("torch32_err_out");
+  // Relative to the reference's largest value, as the other errors here.
+  const double d = gpt2::test::max_diff(ours, f.matrix_f32("out_bf16_weights")).value /
+                   f.matrix("out").cwiseAbs().maxCoeff();
+  EXPECT_LE(d, tol32) << f.name() << ": ours against the exact answer on bf16 weights, at "
+                      << gpt2::isa_name(level);
+  std::printf("%s at %s: %.3e from the exact answer on bf16 weights (tolerance %.3e)\n", f.name().c_str(),
+              gpt2::isa_name(level), d, tol32);
 }
 
 RowMatrix<float> stored_rows(const Fixture& f, const RowMatrix<float>& all) {
@@ -154,6 +187,7 @@ class ReferenceBf16 : public ::testing::TestWithParam<Isa> {
       gpt2::attention_forward<float>(w, in->x, ws, out);
     }
     ASSERT_TRUE(out.allFinite());
+    expect_exact_on_bf16_weights(f, stored_rows(f, out));
     expect_within_torch_bf16(f, "out", stored_rows(f, out), f.matrix("out"));
     if (!past && f.has_meta("torch_bf16_err_merged"))
       expect_within_torch_bf16(f, "merged", stored_rows(f, ws.merged.topRows(T_)), f.matrix("merged"));

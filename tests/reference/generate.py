@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 DEFAULT_WEIGHTS = "/work/shared/gpt2-small/gpt2-small-h0-attention.safetensors"
-FIXTURE_BUDGET_BYTES = 6 * 1024 * 1024
+FIXTURE_BUDGET_BYTES = 7 * 1024 * 1024
 CROSS_CHECK_TOL = 1e-12
 
 # ---------------------------------------------------------------------------------------------
@@ -141,14 +141,17 @@ def read_safetensors(path):
 
 
 def write_safetensors(path, tensors, metadata):
-    """Writes F64 tensors sorted by name, contiguous, header padded with spaces to a multiple of 8."""
+    """Writes tensors sorted by name, contiguous, header padded with spaces to a multiple of 8: F32 for
+    float32 arrays, F64 for everything else."""
     header = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
     chunks = []
     offset = 0
     for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name], dtype="<f8")
+        f32 = np.asarray(tensors[name]).dtype == np.float32
+        arr = np.ascontiguousarray(tensors[name], dtype="<f4" if f32 else "<f8")
         raw = arr.tobytes(order="C")
-        header[name] = {"dtype": "F64", "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        header[name] = {"dtype": "F32" if f32 else "F64", "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
         chunks.append(raw)
         offset += len(raw)
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -434,6 +437,24 @@ def bf16_inputs(x32, w32):
     return x32.to(torch.bfloat16), {n: t.to(torch.bfloat16) for n, t in w32.items()}
 
 
+def bf16_weights_inputs(x32, w32):
+    """The exact sublayer on bf16 weights: the float32 run's x (exact in float64) and the two weight
+    matrices rounded to nearest-even bfloat16, the biases float32, all widened to float64. This is what
+    our bf16 weights (pack_weights(w, WeightDtype::bf16)) compute with no other rounding: its answer,
+    run in float64, is the best any implementation with those weights can do."""
+    w = {n: (t.to(torch.bfloat16) if n.endswith(".weight") else t).double() for n, t in w32.items()}
+    return x32.double(), w
+
+
+def store_bf16_weights(meta, tensors, ideal_out, names_errs):
+    """Stores the exact answer on bf16 weights (`out_bf16_weights`, F32: its rounding, 2^-24 relative,
+    is far below any tolerance it is used with) and its error against the float64 reference per name
+    (metadata bf16_weights_err_<name>, from the float64 values)."""
+    tensors["out_bf16_weights"] = ideal_out.astype(np.float32)
+    for name, (ideal, ref) in names_errs.items():
+        meta["bf16_weights_err_" + name] = f"{rel_err(ideal, ref):.3e}"
+
+
 def as_f64(t):
     """A torch tensor of any float dtype (bfloat16 included, which numpy lacks) as float64 numpy, exact."""
     return t.double().numpy().copy()
@@ -461,11 +482,13 @@ def run_case(spec, weights, weights_sha256):
         x64, w64, x32, w32 = random_inputs(spec)
 
     xbf, wbf = bf16_inputs(x32, w32)
+    xbw, wbw = bf16_weights_inputs(x32, w32)
 
     with torch.no_grad():
         ref = torch_attention(x64, w64, n_head)
         f32 = torch_attention(x32, w32, n_head)
         bf16 = torch_attention(xbf, wbf, n_head)
+        ideal = torch_attention(xbw, wbw, n_head)
 
     # Cross-check against the numpy loop formulation, all rows.
     alt = numpy_attention_loop(x64.numpy(), {n: t.numpy() for n, t in w64.items()}, n_head)
@@ -515,6 +538,9 @@ def run_case(spec, weights, weights_sha256):
             errs[name] = rel_err(tensors32[name].numpy(), tensors[name])
             meta["torch32_err_" + name] = f"{errs[name]:.3e}"
     errs.update(_torch_bf16_errs(meta, tensors, tensors_bf16, ["out", "merged", "probs"]))
+    ideal_rows = {n: ideal[n][idx].numpy() for n in ("out", "merged")}
+    store_bf16_weights(meta, tensors, ideal_rows["out"], {n: (ideal_rows[n], tensors[n]) for n in ideal_rows})
+    errs["bf16_weights_out"] = float(meta["bf16_weights_err_out"])
     notes = []
     if len(rows) < T:
         notes.append(f"rows subset: {len(rows)} of {T} query rows stored to keep fixtures small")
@@ -607,11 +633,13 @@ def run_past_case(spec, weights, weights_sha256):
     assert rows == sorted(set(rows)) and rows[0] >= 0 and rows[-1] < T
     x64, w64, x32, w32 = _case_inputs(spec, weights)
     xbf, wbf = bf16_inputs(x32, w32)
+    xbw, wbw = bf16_weights_inputs(x32, w32)
 
     with torch.no_grad():
         ref = past_chunked(x64, w64, n_head, chunks)
         f32 = past_chunked(x32, w32, n_head, chunks)
         bf16 = past_chunked(xbf, wbf, n_head, chunks)
+        ideal = past_chunked(xbw, wbw, n_head, chunks)
         whole = torch_attention(x64, w64, n_head)
     alt = numpy_attention_loop(x64.numpy(), {n: t.numpy() for n, t in w64.items()}, n_head)
     for name in ["out", "probs", "k", "v"]:
@@ -636,6 +664,9 @@ def run_past_case(spec, weights, weights_sha256):
     meta["max_abs_logit"] = f"{ref['max_abs_logit']:.6g}"
     errs = _torch32_errs(meta, tensors, tensors32, ["out", "probs", "present_k", "present_v"])
     errs.update(_torch_bf16_errs(meta, tensors, tensors_bf16, ["out", "probs"]))
+    ideal_out = ideal["out"][idx].numpy()
+    store_bf16_weights(meta, tensors, ideal_out, {"out": (ideal_out, tensors["out"])})
+    errs["bf16_weights_out"] = float(meta["bf16_weights_err_out"])
     notes = []
     if len(rows) < T:
         notes.append(f"rows subset: {len(rows)} of {T} positions stored to keep fixtures small")
@@ -955,7 +986,8 @@ def table_row(spec, meta, errs, max_abs_logit, size):
         rows = f"all {n_rows}"
     kv = max(errs[n] for n in ("present_k", "present_v")) if "present_k" in errs else None
     return dict(case=spec["case"], kind=kind, C=spec["C"], n_head=spec["n_head"], T=T, layout=layout, rows=rows,
-                out=errs["out"], out_bf16=errs["bf16_out"], probs=errs.get("probs"), merged=errs.get("merged"),
+                out=errs["out"], out_bf16=errs["bf16_out"],
+                out_bf16_weights=errs.get("bf16_weights_out"), probs=errs.get("probs"), merged=errs.get("merged"),
                 kv=kv,
                 max_abs_logit=max_abs_logit, size=size)
 
@@ -965,22 +997,26 @@ def format_table(table):
         return "-" if v is None else f"{v:.3e}"
 
     lines = ["| case | kind | C | n_head | T | layout | rows | torch32_err_out | torch_bf16_err_out "
-             "| torch32_err_probs | torch32_err_merged | torch32_err_present_k/v | max_abs_logit | bytes |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| bf16_weights_err_out | torch32_err_probs | torch32_err_merged | torch32_err_present_k/v "
+             "| max_abs_logit | bytes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r['case']} | {r['kind']} | {r['C']} | {r['n_head']} | {r['T']} | {r['layout']} "
-                     f"| {r['rows']} | {e(r['out'])} | {e(r['out_bf16'])} | {e(r['probs'])} | {e(r['merged'])} "
+                     f"| {r['rows']} | {e(r['out'])} | {e(r['out_bf16'])} | {e(r['out_bf16_weights'])} "
+                     f"| {e(r['probs'])} | {e(r['merged'])} "
                      f"| {e(r['kv'])} | {r['max_abs_logit']:.6g} | {r['size']} |")
     return "\n".join(lines)
 
 
 def format_bf16_table(table):
-    """case, torch float32 and torch bfloat16 error on out (both against the float64 reference)."""
+    """case, torch float32, torch bfloat16 and the exact answer on bf16 weights: their errors on out
+    against the float64 reference."""
     width = max([len("case")] + [len(r["case"]) for r in table])
-    lines = [f"{'case':<{width}}  torch32_err_out  torch_bf16_err_out",
-             f"{'-' * width}  ---------------  ------------------"]
+    lines = [f"{'case':<{width}}  torch32_err_out  torch_bf16_err_out  bf16_weights_err_out",
+             f"{'-' * width}  ---------------  ------------------  --------------------"]
     for r in table:
-        lines.append(f"{r['case']:<{width}}  {r['out']:15.3e}  {r['out_bf16']:18.3e}")
+        bw = "-" if r["out_bf16_weights"] is None else f"{r['out_bf16_weights']:.3e}"
+        lines.append(f"{r['case']:<{width}}  {r['out']:15.3e}  {r['out_bf16']:18.3e}  {bw:>20}")
     return "\n".join(lines)
 
 

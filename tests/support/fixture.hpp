@@ -57,6 +57,10 @@ class Fixture {
 
   // A 2-D reference tensor [R, width].
   RowMatrix<double> matrix(const std::string& tensor) const { return file_.matrix<double>(tensor); }
+  // A 2-D tensor stored as F32 (out_bf16_weights), widened to double.
+  RowMatrix<double> matrix_f32(const std::string& tensor) const {
+    return file_.matrix<float>(tensor).cast<double>();
+  }
 
   // Head h of a 3-D reference tensor [n_head, R, width] -> [R, width].
   RowMatrix<double> head(const std::string& tensor, Index h) const {
