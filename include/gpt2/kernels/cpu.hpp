@@ -65,8 +65,13 @@ struct CpuFeatures {
     add(avx512dq, "avx512dq");
     add(avx512vl, "avx512vl");
     add(avx512_bf16, "avx512_bf16");
+#ifdef GPT2_ATTENTION_AMX_EMULATED
+    add(amx_bf16, "amx_bf16(emulated)");
+    add(amx_tile, "amx_tile(emulated)");
+#else
     add(amx_bf16, "amx_bf16");
     add(amx_tile, "amx_tile");
+#endif
     return s.empty() ? std::string("none") : s;
   }
 };
@@ -120,6 +125,9 @@ inline CpuFeatures detect_cpu_features() {
     f.avx512_bf16 = ((a >> 5) & 1u) && f.os_zmm;
   }
 #endif
+#ifdef GPT2_ATTENTION_AMX_EMULATED  // tests only: tests/support/amx_emulation.hpp runs the tiles
+  f.amx_bf16 = f.amx_tile = f.avx512_bf16;
+#endif
   return f;
 }
 
@@ -133,7 +141,9 @@ struct AmxPermission {
 
 inline AmxPermission request_amx_permission() {
   AmxPermission p;
-#if defined(__linux__) && defined(SYS_arch_prctl)
+#if defined(GPT2_ATTENTION_AMX_EMULATED)  // tests only: no tile state to ask for
+  p.granted = true;
+#elif defined(__linux__) && defined(SYS_arch_prctl)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) {
     p.granted = true;
