@@ -11,10 +11,12 @@
 // bf16_weights_err_*: float64 math, nothing else rounded). At the levels that widen the bf16 weights
 // and do float32 math (generic, avx2, avx512) ours must equal it to float32 accuracy (8x PyTorch
 // float32's own error, test_reference's bar). Where that exact answer is itself further from the
-// reference than PyTorch's bf16 run (big_logits_T33: logits in the thousands, which the weights'
-// rounding moves by about 20), no implementation with these weights can meet PyTorch's figure but
-// by chance; there the bar is the exact answer's error plus the float32 tolerance, and the test
-// prints that it was raised. Prints the table docs/bf16.md shows (lines starting with '|').
+// reference than PyTorch's bf16 run and the logits are in the thousands (big_logits_T33, which the
+// weights' rounding moves by about 20), the error is which keys the saturated softmax picks, a
+// draw from a wide spread (tests/reference/bf16_weight_rounding.py); there the bar is the exact
+// answer's error plus the float32 tolerance, at every level (the levels that also round x land
+// lower on this case: 1.83e-1), and the test prints that it was raised.
+// Prints the table docs/bf16.md shows (lines starting with '|').
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -103,11 +105,13 @@ void expect_within_torch_bf16(const Fixture& f, const std::string& quantity,
   const double tol32 = 8 * f.number("torch32_err_" + quantity);
   const double err = gpt2::test::max_diff(ours, ref).relative();
   double bar = torch_err;
-  if (exact_err > torch_err) {
+  // Only in the saturated-softmax regime, where the error is which keys win (max |logit| above
+  // 1000: big_logits_T33); anywhere else an exact answer above PyTorch's figure fails the test.
+  if (exact_err > torch_err && f.number("max_abs_logit") > 1000) {
     bar = exact_err + tol32;
     std::printf("%s %s: the exact answer on bf16 weights is %.3e from the reference, PyTorch's bf16 "
-                "run %.3e: bar raised to %.3e (issue 14's bar of PyTorch's figure is out of reach "
-                "with these weights)\n",
+                "run %.3e: bar raised to %.3e (issue 14's bar is PyTorch's figure; on this case the "
+                "error is a draw, tests/reference/bf16_weight_rounding.py)\n",
                 f.name().c_str(), quantity.c_str(), exact_err, torch_err, bar);
   }
   EXPECT_LE(err, bar) << f.name() << " " << quantity << ": ours " << err

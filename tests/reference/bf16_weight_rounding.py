@@ -9,7 +9,9 @@ For each case of kind "whole" (generate.py's CASES) this prints, against the flo
 - the spread over N draws of weights w + s (bf16(w) - w) with random signs s = +-1 per value: the
   same rounding errors, value by value, in random directions (float64 math, as the exact answer).
   With logits in the thousands (big_logits_T33) the error is whatever the softmax then picks, and
-  this spread shows where a single figure falls by chance.
+  this spread shows where a single figure falls by chance;
+- the same draws with x rounded to bf16 too (PyTorch's run rounds x, and more: q, k, v, the logits
+  and probabilities, which no draw here moves).
 Errors are over the rows the fixture stores (its metadata `rows`), as the fixtures' own figures.
 
     /usr/bin/python3 tests/reference/bf16_weight_rounding.py [--draws 40] [--only big_logits_T33]
@@ -53,8 +55,8 @@ def main():
     print(f"error on out against the float64 reference; {args.draws} draws of random signs per case")
     print("| case | PyTorch bf16 | exact on bf16 weights | same, x in bf16 too "
           "| errors of random sign: min / median / max | draws at or below PyTorch's | at or below the exact "
-          "answer's |")
-    print("|---|---|---|---|---|---|---|")
+          "answer's | the same draws with x in bf16: median | at or below PyTorch's |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for spec in g.CASES:
         if spec.get("kind") or (only and spec["case"] not in only):
             continue
@@ -64,7 +66,7 @@ def main():
         n_head = spec["n_head"]
         x64, w64, x32, w32 = g._case_inputs(spec, weights)
         xbf, wbf = g.bf16_inputs(x32, w32)
-        xbw, wbw = g.bf16_weights_inputs(x32, w32)
+        xbw, wbw = g.bf16_weights_inputs(x64, w32)
         rows = torch.tensor(spec.get("rows", list(range(spec["T"]))), dtype=torch.long)
 
         def out(x, w):  # float64 numpy, the fixture's stored rows
@@ -74,17 +76,20 @@ def main():
             ref = out(x64, w64)
             torch_err = g.rel_err(out(xbf, wbf), ref)
             exact = g.rel_err(out(xbw, wbw), ref)
-            exact_x = g.rel_err(out(torch.from_numpy(g.as_f64(xbf)), wbw), ref)
-            draws = []
+            x_bf16 = torch.from_numpy(g.as_f64(xbf))
+            exact_x = g.rel_err(out(x_bf16, wbw), ref)
+            draws, draws_x = [], []
             for _ in range(args.draws):
                 w = dict(wbw)
                 for name in ("c_attn.weight", "c_proj.weight"):
                     w[name] = flipped_bf16_error(w32[name], rng)
                 draws.append(g.rel_err(out(xbw, w), ref))
-        d = np.array(draws)
+                draws_x.append(g.rel_err(out(x_bf16, w), ref))
+        d, dx = np.array(draws), np.array(draws_x)
         print(f"| {spec['case']} | {torch_err:.3e} | {exact:.3e} | {exact_x:.3e} "
               f"| {d.min():.3e} / {np.median(d):.3e} / {d.max():.3e} "
-              f"| {int((d <= torch_err).sum())} of {len(d)} | {int((d <= exact).sum())} of {len(d)} |", flush=True)
+              f"| {int((d <= torch_err).sum())} of {len(d)} | {int((d <= exact).sum())} of {len(d)} "
+              f"| {np.median(dx):.3e} | {int((dx <= torch_err).sum())} of {len(dx)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ import torch
 
 DEFAULT_WEIGHTS = "/work/shared/gpt2-small/gpt2-small-h0-attention.safetensors"
 FIXTURE_BUDGET_BYTES = 7 * 1024 * 1024
+F32_TENSORS = {"out_bf16_weights"}  # stored as F32 (write_safetensors); every other tensor F64
 CROSS_CHECK_TOL = 1e-12
 
 # ---------------------------------------------------------------------------------------------
@@ -142,12 +143,12 @@ def read_safetensors(path):
 
 def write_safetensors(path, tensors, metadata):
     """Writes tensors sorted by name, contiguous, header padded with spaces to a multiple of 8: F32 for
-    float32 arrays, F64 for everything else."""
+    the names in F32_TENSORS, F64 for every other."""
     header = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
     chunks = []
     offset = 0
     for name in sorted(tensors):
-        f32 = np.asarray(tensors[name]).dtype == np.float32
+        f32 = name in F32_TENSORS
         arr = np.ascontiguousarray(tensors[name], dtype="<f4" if f32 else "<f8")
         raw = arr.tobytes(order="C")
         header[name] = {"dtype": "F32" if f32 else "F64", "shape": list(arr.shape),
@@ -437,13 +438,15 @@ def bf16_inputs(x32, w32):
     return x32.to(torch.bfloat16), {n: t.to(torch.bfloat16) for n, t in w32.items()}
 
 
-def bf16_weights_inputs(x32, w32):
-    """The exact sublayer on bf16 weights: the float32 run's x (exact in float64) and the two weight
-    matrices rounded to nearest-even bfloat16, the biases float32, all widened to float64. This is what
-    our bf16 weights (pack_weights(w, WeightDtype::bf16)) compute with no other rounding: its answer,
-    run in float64, is the best any implementation with those weights can do."""
+def bf16_weights_inputs(x64, w32):
+    """The exact sublayer on bf16 weights: x as the C++ tests feed it (the float64 reference's x
+    rounded once to float32: for the real-weights cases ln_1 in float64, then rounded, which is not
+    the float32 run's float32 LayerNorm) and the two weight matrices rounded to nearest-even bfloat16,
+    the biases float32, all widened to float64. This is what our bf16 weights
+    (pack_weights(w, WeightDtype::bf16)) compute with no other rounding: its answer, run in float64,
+    is the best any implementation with those weights can do."""
     w = {n: (t.to(torch.bfloat16) if n.endswith(".weight") else t).double() for n, t in w32.items()}
-    return x32.double(), w
+    return x64.float().double(), w
 
 
 def store_bf16_weights(meta, tensors, ideal_out, names_errs):
@@ -482,7 +485,7 @@ def run_case(spec, weights, weights_sha256):
         x64, w64, x32, w32 = random_inputs(spec)
 
     xbf, wbf = bf16_inputs(x32, w32)
-    xbw, wbw = bf16_weights_inputs(x32, w32)
+    xbw, wbw = bf16_weights_inputs(x64, w32)
 
     with torch.no_grad():
         ref = torch_attention(x64, w64, n_head)
@@ -633,7 +636,7 @@ def run_past_case(spec, weights, weights_sha256):
     assert rows == sorted(set(rows)) and rows[0] >= 0 and rows[-1] < T
     x64, w64, x32, w32 = _case_inputs(spec, weights)
     xbf, wbf = bf16_inputs(x32, w32)
-    xbw, wbw = bf16_weights_inputs(x32, w32)
+    xbw, wbw = bf16_weights_inputs(x64, w32)
 
     with torch.no_grad():
         ref = past_chunked(x64, w64, n_head, chunks)

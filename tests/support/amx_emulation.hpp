@@ -9,17 +9,23 @@
 // GPT2_ATTENTION_AMX_EMULATED, which makes kernels/cpu.hpp report amx_bf16 and amx_tile wherever
 // the CPU has AVX512-BF16 and skip the OS's tile permission.
 //
-// Semantics, from the Intel SDM's pseudo-code:
-// - LDTILECFG: palette 1, colsb[t] bytes and rows[t] rows per tile t (64-byte block: byte 0
-//   palette, 16..47 colsb as 16-bit values, 48..63 rows);
+// Semantics:
+// - LDTILECFG (64-byte block: byte 0 palette, byte 1 start_row, bytes 16..31 colsb of tiles 0-7 as
+//   16-bit values, bytes 48..55 rows of tiles 0-7; every other byte reserved, zero): palette 1
+//   configures colsb[t] bytes and rows[t] rows per tile t (both zero, or both non-zero; at most 64
+//   bytes and 16 rows); palette 0 releases, as TILERELEASE does. Anything else raises here, as it
+//   would fault on the hardware.
 // - TILELOADD / TILESTORED: rows[t] rows of colsb[t] bytes, `stride` bytes apart; a load zeroes the
-//   rest of the tile; TILEZERO zeroes a tile; TILERELEASE clears the configuration;
-// - TDPBF16PS dst, a, b: for each row m of dst, for k over a's pairs (colsb(a) / 4), for each
-//   column n of dst: dst[m][n] += a[m][2k] b[k][2n], then dst[m][n] += a[m][2k + 1] b[k][2n + 1],
-//   each a float32 fused multiply-add rounded to nearest even; bf16 inputs that are subnormal count
-//   as zero, subnormal results are flushed to zero.
-// The hardware's order of additions inside TDPBF16PS is not specified beyond that, which is why the
-// library's amx tests hold it to float32 accumulation error, never to bits.
+//   rest of the tile; TILEZERO zeroes a tile; TILERELEASE clears the configuration.
+// - TDPBF16PS dst, a, b (three different tiles, else #UD): for each row m of dst, for k over a's
+//   pairs (colsb(a) / 4), for each column n of dst: dst[m][n] += a[m][2k] b[k][2n], then
+//   dst[m][n] += a[m][2k + 1] b[k][2n + 1], each a float32 fused multiply-add rounded to nearest
+//   even, with DAZ and FTZ: subnormal inputs (the bf16 values and dst) count as zero, subnormal
+//   results are flushed to zero. That is the Intrinsics Guide's pseudo-code for _tile_dpbf16ps;
+//   the SDM words it with the even and odd products summed apart before they are added to dst.
+//   Neither pins the hardware's order of additions, which is why the library's amx tests hold it
+//   to float32 accumulation error, never to bits. (The emulation runs in the caller's MXCSR
+//   rounding mode and sets its flags; the hardware does neither. The tests run in the default mode.)
 #pragma once
 
 #include <immintrin.h>
@@ -51,16 +57,28 @@ inline void check(int t, const char* what) {
   if (!tiles().configured) throw std::logic_error(std::string("AMX emulation: ") + what + " before LDTILECFG");
 }
 
+inline void release();
+
 inline void loadconfig(const void* config) {
   const unsigned char* c = static_cast<const unsigned char*>(config);
-  if (c[0] != 1) throw std::logic_error("AMX emulation: LDTILECFG with a palette other than 1");
+  if (c[0] == 0) {
+    release();
+    return;
+  }
+  if (c[0] != 1) throw std::logic_error("AMX emulation: LDTILECFG with a palette other than 0 or 1");
+  for (int i = 2; i < 64; ++i) {
+    const bool reserved = i < 16 || (i >= 32 && i < 48) || i >= 56;
+    if (reserved && c[i] != 0) throw std::logic_error("AMX emulation: LDTILECFG: a reserved byte is not zero");
+  }
   TileFile& f = tiles();
   for (int t = 0; t < 8; ++t) {
     std::uint16_t colsb;
     std::memcpy(&colsb, c + 16 + 2 * t, 2);
     const std::uint8_t rows = c[48 + t];
-    if (colsb > 64 || rows > 16 || colsb % 4 != 0)
-      throw std::logic_error("AMX emulation: LDTILECFG: a tile of more than 16 rows x 64 bytes");
+    if (colsb > 64 || rows > 16)
+      throw std::logic_error("AMX emulation: LDTILECFG: a tile of more than 16 rows or 64 bytes a row");
+    if ((colsb == 0) != (rows == 0))
+      throw std::logic_error("AMX emulation: LDTILECFG: a tile with rows but no columns, or columns but no rows");
     f.colsb[t] = colsb;
     f.rows[t] = rows;
   }
@@ -109,13 +127,14 @@ __attribute__((target("avx512f"))) inline void dpbf16ps(int dst, int a, int b) {
   check(dst, "TDPBF16PS");
   check(a, "TDPBF16PS");
   check(b, "TDPBF16PS");
+  if (dst == a || dst == b || a == b) throw std::logic_error("AMX emulation: TDPBF16PS on the same tile twice (#UD)");
   TileFile& f = tiles();
   if (f.colsb[dst] != 64 || f.colsb[b] != 64 || f.rows[a] != f.rows[dst] || f.colsb[a] / 4 != f.rows[b])
     throw std::logic_error("AMX emulation: TDPBF16PS: tile shapes that do not fit (this emulation "
                            "covers 64-byte rows of dst and b)");
   const int pairs = f.colsb[a] / 4;
   for (int m = 0; m < f.rows[dst]; ++m) {
-    __m512 acc = _mm512_loadu_ps(f.data[dst][m]);
+    __m512 acc = flush_subnormals(_mm512_loadu_ps(f.data[dst][m]));  // DAZ
     for (int k = 0; k < pairs; ++k) {
       std::uint32_t pair;
       std::memcpy(&pair, f.data[a][m] + 4 * k, 4);

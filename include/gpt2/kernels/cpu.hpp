@@ -31,6 +31,13 @@
 #define GPT2_KERNELS_HAVE_AMX 0
 #endif
 
+// GPT2_ATTENTION_AMX_EMULATED is for the tests only, defined by tests/support/amx_emulation.hpp,
+// which replaces the tile intrinsics: defined without it, the amx level would run real tile
+// instructions without having asked the OS for them.
+#if defined(GPT2_ATTENTION_AMX_EMULATED) && !defined(_tile_release)
+#error "GPT2_ATTENTION_AMX_EMULATED is defined by tests/support/amx_emulation.hpp (tests only)"
+#endif
+
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
