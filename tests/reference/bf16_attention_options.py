@@ -20,13 +20,13 @@ test_reference_bf16, which checks both) beside PyTorch's own bf16 error:
   all_bf16_offdiag  both products in bf16 (q, k, p and v rounded) for the 64-key blocks before a
                   row's own; its own block in float32 (so cases of T <= 64 are f32's)
 
-What it showed (docs/bf16.md): pv_bf16 and pv_bf16_l put `merged` past PyTorch's error on small_T7
-(5.33e-3 against 4.69e-3) and gpt2_layer0_T64 (3.48e-3 against 2.98e-3); pv_bf16_offdiag keeps
-every case within the bars. (A kernel of pv_bf16_offdiag was built, bitwise against its emulation,
-and measured no faster on AMD Zen 5: commit b2c3196, reverted.) all_bf16 puts large_T6's `merged`
-past the bar (7.03e-3 against 5.17e-3); all_bf16_offdiag keeps every case within the bars, and is
-what the level runs now (test_reference_bf16 measured gpt2_layer0_T1024 at 2.14e-3 on `out`, this
-emulation 2.19e-3).
+What it showed (docs/bf16.md; the runs: bench/results/history-bf16.md): pv_bf16 and pv_bf16_l put
+`merged` past PyTorch's error on small_T7 (5.33e-3 against 4.69e-3) and gpt2_layer0_T64 (3.48e-3
+against 2.98e-3); pv_bf16_offdiag keeps every case within the bars. (A kernel of pv_bf16_offdiag was
+built, bitwise against its emulation, and measured no faster on AMD Zen 5: commit b2c3196,
+reverted.) all_bf16 puts large_T6's `merged` past the bar (7.03e-3 against 5.17e-3);
+all_bf16_offdiag keeps every case within the bars, and is what the level runs now
+(test_reference_bf16 measured gpt2_layer0_T1024 at 2.14e-3 on `out`, this emulation 2.19e-3).
 
 The emulation is float64 arithmetic with the roundings where the kernels would do them (every
 product's result rounded to float32), not the kernels' bits: read the columns against each other.
