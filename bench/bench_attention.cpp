@@ -45,7 +45,6 @@
 #include "baseline.hpp"
 #include "gpt2_small_layer.hpp"
 #include "gpt2/attention.hpp"
-#include "gpt2/paged_attention.hpp"
 
 namespace {
 
@@ -199,7 +198,7 @@ void decode_batch(benchmark::State& state) {
 }
 
 // One batched decode step of `seqs` sequences forked from one prompt of `prefix` tokens in a paged
-// KV cache (paged_attention.hpp): the prompt computed once, its blocks shared by every sequence,
+// KV cache (paged_kv_cache.hpp): the prompt computed once, its blocks shared by every sequence,
 // each new token written to a block of its sequence's own. The sequences are truncated back after
 // each step (the new blocks go back to the pool). The same step as decode_batch/B:seqs/past:prefix
 // on contiguous caches: compare their times. Counters: cache_bytes, the bytes of the pool's blocks
@@ -396,10 +395,13 @@ void run_stage_qkv(benchmark::State& state, const gpt2::AttentionWeights<float>&
   gpt2::Workspace<float> ws(w.config(), T);
   gpt2::MatrixRef<float> qkv = ws.qkv.topRows(T);
   const int n_threads = gpt2::detail::forward_threads(ws);
+  const auto sub = gpt2::detail::SublayerTraits<gpt2::AttentionWeights<float>>::of(w);
+  const gpt2::kernels::Kernels<float>& k = gpt2::kernels::table<float>();
+  gpt2::detail::reserve_for(sub, T, T, ws);
   WallClock clock;
   clock.start();
   for (auto _ : state) {
-    gpt2::detail::qkv_parallel<float>(w, x, qkv, ws, n_threads);
+    gpt2::detail::project_parallel<float>(k, x, sub.c_attn, 3 * kC, qkv, ws, n_threads);
     benchmark::DoNotOptimize(ws.qkv.data());
     benchmark::ClobberMemory();
   }
@@ -417,14 +419,15 @@ void stage_attention(benchmark::State& state) {
   gpt2::qkv_projection<float>(w, input(T), ws.qkv.topRows(T));
   const gpt2::ConstMatrixRef<float> qkv = ws.qkv.topRows(T);
   gpt2::MatrixRef<float> merged = ws.merged.topRows(T);
-  const gpt2::AttentionConfig& config = w.config();
   const int n_threads = gpt2::detail::forward_threads(ws);
+  const auto sub = gpt2::detail::SublayerTraits<gpt2::AttentionWeights<float>>::of(w);
+  const gpt2::kernels::Kernels<float>& k = gpt2::kernels::table<float>();
+  gpt2::detail::reserve_for(sub, T, T, ws);
+  const gpt2::detail::NoCache none;
   WallClock clock;
   clock.start();
   for (auto _ : state) {
-    gpt2::detail::attend_heads<float>(
-        config, qkv, [&](Index h) { return gpt2::k_view(qkv, config, h); },
-        [&](Index h) { return gpt2::v_view(qkv, config, h); }, ws, merged, nullptr, n_threads);
+    gpt2::detail::attend_sequence<float>(k, sub, qkv, none, ws, merged, nullptr, n_threads);
     benchmark::DoNotOptimize(ws.merged.data());
     benchmark::ClobberMemory();
   }
@@ -441,10 +444,13 @@ void stage_proj(benchmark::State& state) {
   gpt2::MatrixRef<float> out_ref = out;
   gpt2::Workspace<float> ws(w.config(), T);
   const int n_threads = gpt2::detail::forward_threads(ws);
+  const auto sub = gpt2::detail::SublayerTraits<gpt2::AttentionWeights<float>>::of(w);
+  const gpt2::kernels::Kernels<float>& k = gpt2::kernels::table<float>();
+  gpt2::detail::reserve_for(sub, T, T, ws);
   WallClock clock;
   clock.start();
   for (auto _ : state) {
-    gpt2::detail::proj_parallel<float>(w, merged, out_ref, ws, n_threads);
+    gpt2::detail::project_parallel<float>(k, merged, sub.c_proj, kC, out_ref, ws, n_threads);
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }

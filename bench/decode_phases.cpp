@@ -75,9 +75,7 @@ int main(int argc, char** argv) {
   for (const auto& layer : layers)
     packed.push_back(bf16 ? gpt2::pack_weights(layer.weights(), gpt2::WeightDtype::bf16)
                           : layer.packed());
-  for (gpt2::ThreadScratch<float>& t : ws.threads)  // what the bf16 cache's forward reserves
-    t.reserve_kv_widened(gpt2::detail::kWidenRows, config.head_dim(),
-                         (kPast + 1) / gpt2::detail::kWidenRows + 2);
+  const gpt2::kernels::Kernels<float>& k = gpt2::kernels::table<float>();
   double total[4] = {0, 0, 0, 0};
   int timed = 0;
   for (int step = 0; step < steps; ++step) {
@@ -87,8 +85,10 @@ int main(int argc, char** argv) {
     gpt2::KVCacheBF16& bf16_cache = bf16_caches[l];
     MatrixRef<float> qkv = ws.qkv.topRows(1), merged = ws.merged.topRows(1);
     MatrixRef<float> y = out;
+    const auto sub = gpt2::detail::SublayerTraits<gpt2::AttentionWeights<float>>::of(w);
+    if (step == 0) gpt2::detail::reserve_for(sub, 1, kPast + 1, ws);
     const Clock::time_point t0 = Clock::now();
-    gpt2::detail::qkv_parallel<float>(w, x, qkv, ws, n_threads);
+    gpt2::detail::project_parallel<float>(k, x, sub.c_attn, 3 * kC, qkv, ws, n_threads);
     const Clock::time_point t1 = Clock::now();
     if (bf16)
       bf16_cache.append(qkv.middleCols(kC, kC), qkv.middleCols(2 * kC, kC));
@@ -97,12 +97,14 @@ int main(int argc, char** argv) {
     const Clock::time_point t2 = Clock::now();
     const ConstMatrixRef<float> qkv_read = qkv;
     if (bf16)
-      gpt2::detail::attend_decode_bf16(config, qkv_read, bf16_cache, ws, merged, n_threads);
+      gpt2::detail::attend_sequence<float>(k, sub, qkv_read, bf16_cache, ws, merged, nullptr,
+                                           n_threads);
     else
-      gpt2::detail::attend_cached<float>(config, qkv_read, cache, ws, merged, nullptr, n_threads);
+      gpt2::detail::attend_sequence<float>(k, sub, qkv_read, cache, ws, merged, nullptr,
+                                           n_threads);
     const Clock::time_point t3 = Clock::now();
     const ConstMatrixRef<float> merged_read = merged;
-    gpt2::detail::proj_parallel<float>(w, merged_read, y, ws, n_threads);
+    gpt2::detail::project_parallel<float>(k, merged_read, sub.c_proj, kC, y, ws, n_threads);
     const Clock::time_point t4 = Clock::now();
     cache.truncate(kPast);
     bf16_cache.truncate(kPast);

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gpt2/kernels/attention_tile.hpp"
-#include "gpt2/kernels/bf16.hpp"
+#include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2::test::emulation {

@@ -109,10 +109,21 @@ RowMatrix<T> attend(const RowMatrix<T>& q, const RowMatrix<T>& k, const RowMatri
   RowMatrix<T> out = RowMatrix<T>::Constant(q.rows(), q.cols(), T(-999));
   gpt2::AttentionScratch<T> scratch(k.rows(), q.cols());
   scratch.set_bf16_products(bf16);
-  gpt2::ConstMatrixRef<T> qr = q, kr = k, vr = v;
+  gpt2::ConstMatrixRef<T> qr = q;
   gpt2::MatrixRef<T> o = out;
+  const T* key_page = k.data();
+  const T* value_page = v.data();
+  gpt2::HeadPages<T> kv;  // one page each
+  kv.key_pages = &key_page;
+  kv.value_pages = &value_page;
+  kv.page_rows = std::max<Index>(k.rows(), 1);
+  kv.row_stride = k.outerStride();
+  kv.value_stride = v.outerStride();
+  kv.n_keys = k.rows();
+  kv.head_dim = q.cols();
   for (Index r0 = 0; r0 < q.rows(); r0 += tile)
-    gpt2::detail::attention_rows<T>(qr, kr, vr, r0, std::min(tile, q.rows() - r0), o, scratch);
+    gpt2::detail::attend_rows<T, T>(gpt2::kernels::table<T>(), qr, kv, r0,
+                                    std::min(tile, q.rows() - r0), o, scratch);
   return out;
 }
 
@@ -138,7 +149,7 @@ class CoreKernels : public ::testing::TestWithParam<Isa> {
     if (!gpt2::isa_supported(GetParam()))
       GTEST_SKIP() << "skipped: the CPU has no " << gpt2::isa_name(GetParam());
   }
-  const gpt2::kernels::FloatKernels& k() const { return *gpt2::kernels::float_kernels(GetParam()); }
+  const gpt2::kernels::Kernels<float>& k() const { return gpt2::kernels::float_table(GetParam()); }
 };
 
 struct TileCase {
@@ -149,7 +160,7 @@ struct TileCase {
 
 // out of the level's kernel and of the emulation, for one tile (q stride hd + 3, out stride hd + 5
 // with sentinels around).
-void check_tile(const gpt2::kernels::FloatKernels& kern, const TileCase& c, std::uint32_t seed,
+void check_tile(const gpt2::kernels::Kernels<float>& kern, const TileCase& c, std::uint32_t seed,
                 double scale = 1.0, bool bf16 = false) {
   const Index n_keys = c.first_pos + c.rows, hd = c.head_dim;
   const RowMatrix<float> q = random_matrix<float>(c.rows, hd + 3, seed, scale);
@@ -211,7 +222,7 @@ void check_tile(const gpt2::kernels::FloatKernels& kern, const TileCase& c, std:
 
 // Every tile shape of the tests below, float32 or flagged bf16 (bf16 weights: at avx512_bf16 both
 // products in bf16 pairs before a row's own block; at the other levels the same float32 core).
-void check_tiles(const gpt2::kernels::FloatKernels& kern, bool bf16) {
+void check_tiles(const gpt2::kernels::Kernels<float>& kern, bool bf16) {
   std::uint32_t seed = 100;
   for (Index hd : {64, 1, 5, 8, 15, 16, 17, 31, 33, 48, 63, 65, 100, 128, 130})
     for (Index rows : {1, 2, 3, 4, 5, 6, 7, 13, 64})
@@ -259,6 +270,118 @@ TEST(CoreLevels, Avx2AndAvx512GiveTheSameBits) {
 }
 
 #endif
+
+// ---- bf16 pages: the tile reads them widened, exactly ------------------------------------------
+
+// At every level, a tile over keys and values held as bf16 bits (a bf16 cache's pages) gives the
+// bits of the same tile over float32 pages holding the widened values: for one row and many, in
+// one page and in pages of 16, with and without the keys' transposed blocks, with float32 and bf16
+// products; and a one-row tile's partials too.
+class Bf16Pages : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!gpt2::isa_supported(GetParam()))
+      GTEST_SKIP() << "skipped: the CPU has no " << gpt2::isa_name(GetParam());
+  }
+};
+
+TEST_P(Bf16Pages, TilesGiveTheBitsOfTheWidenedFloatPages) {
+  const gpt2::kernels::Kernels<float>& kern = gpt2::kernels::float_table(GetParam());
+  std::uint32_t seed = 900;
+  for (const bool bf16_products : {false, true})
+    for (const Index hd : {64, 33})
+      for (const Index rows : {1, 7, 16, 64})
+        for (const Index first_pos : {0, 63, 130, 700})
+          for (const Index page_rows : {16, 0})
+            for (const bool transposed : {false, true}) {
+              if (transposed && rows != 1) continue;
+              const Index n_keys = first_pos + rows, pr = page_rows > 0 ? page_rows : n_keys;
+              const RowMatrix<float> q = random_matrix<float>(rows, hd, seed++);
+              RowMatrix<float> k = random_matrix<float>(n_keys, hd, seed++),
+                               v = random_matrix<float>(n_keys, hd, seed++);
+              using Bits = Eigen::Matrix<std::uint16_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+              Bits kb(n_keys, hd), vb(n_keys, hd);
+              for (Index j = 0; j < n_keys; ++j)
+                for (Index d = 0; d < hd; ++d) {  // the bits, and the floats they widen to
+                  kb(j, d) = gpt2::kernels::round_to_bf16(k(j, d));
+                  vb(j, d) = gpt2::kernels::round_to_bf16(v(j, d));
+                  k(j, d) = gpt2::kernels::bf16_to_float(kb(j, d));
+                  v(j, d) = gpt2::kernels::bf16_to_float(vb(j, d));
+                }
+              std::vector<const float*> fk, fv;
+              std::vector<const std::uint16_t*> bk, bv;
+              for (Index j = 0; j < n_keys; j += pr) {
+                fk.push_back(k.data() + j * hd);
+                fv.push_back(v.data() + j * hd);
+                bk.push_back(kb.data() + j * hd);
+                bv.push_back(vb.data() + j * hd);
+              }
+              // the keys' transposed blocks, floats and bits
+              const Index blocks = (n_keys + 63) / 64;
+              std::vector<float> kt(static_cast<std::size_t>(blocks * hd * 64), 0.0f);
+              std::vector<std::uint16_t> ktb(kt.size(), 0);
+              for (Index j = 0; j < n_keys; ++j)
+                for (Index d = 0; d < hd; ++d) {
+                  kt[((j / 64) * hd + d) * 64 + j % 64] = k(j, d);
+                  ktb[((j / 64) * hd + d) * 64 + j % 64] = kb(j, d);
+                }
+              gpt2::AttentionScratch<float> scratch;
+              scratch.set_bf16_products(bf16_products);
+              scratch.reserve_tile(hd);
+              RowMatrix<float> want = RowMatrix<float>::Constant(rows, hd, -1.0f), got = want;
+              gpt2::kernels::AttentionTile<float> t;
+              t.rows = rows;
+              t.first_pos = first_pos;
+              t.head_dim = hd;
+              t.q = q.data();
+              t.ldq = hd;
+              t.page_rows = pr;
+              t.key_stride = t.value_stride = hd;
+              t.scale = 0.125f;
+              t.ldo = hd;
+              t.scratch = scratch.tile();
+              t.bf16 = bf16_products;
+              gpt2::kernels::AttentionTile<float> tb = t;
+              t.key_pages = fk.data();
+              t.value_pages = fv.data();
+              t.keys_t = transposed ? kt.data() : nullptr;
+              t.out = want.data();
+              tb.key_pages_bf16 = bk.data();
+              tb.value_pages_bf16 = bv.data();
+              tb.keys_t_bf16 = transposed ? ktb.data() : nullptr;
+              tb.out = got.data();
+              kern.attention_tile(t);
+              kern.attention_tile(tb);
+              const std::string where = "bf16 products " + std::to_string(bf16_products) +
+                                        " head_dim " + std::to_string(hd) + " rows " +
+                                        std::to_string(rows) + " first_pos " +
+                                        std::to_string(first_pos) + " page_rows " +
+                                        std::to_string(page_rows) + (transposed ? " keys_t" : "");
+              ASSERT_TRUE(same_bits(want, got)) << where;
+              if (rows != 1) continue;
+              const Index stride = gpt2::kernels::partial_stride(hd), n_blocks = first_pos / 64 + 1;
+              std::vector<float> pw(static_cast<std::size_t>(n_blocks * stride + 16)),
+                  pg(pw.size());
+              float* a = pw.data();
+              float* b = pg.data();
+              while (reinterpret_cast<std::uintptr_t>(a) % 64 != 0) ++a;
+              while (reinterpret_cast<std::uintptr_t>(b) % 64 != 0) ++b;
+              kern.row_partials(t, 0, n_blocks, a);
+              kern.row_partials(tb, 0, n_blocks, b);
+              for (Index i = 0; i < n_blocks; ++i)
+                for (Index j = 0; j < 3 + hd; ++j) {
+                  const Index at = i * stride + (j < 3 ? j : gpt2::kernels::kPartialHeader + j - 3);
+                  ASSERT_EQ(bits_of(a[at]), bits_of(b[at])) << where << ": partial " << i;
+                }
+            }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryLevel, Bf16Pages,
+                         ::testing::Values(Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16,
+                                           Isa::amx),
+                         [](const ::testing::TestParamInfo<Isa>& info) {
+                           return std::string(gpt2::isa_name(info.param));
+                         });
 
 // ---- every level, float and double -----------------------------------------------------------
 
@@ -421,11 +544,13 @@ void check_partials(bool bf16) {
       for (int trial = 0; trial < 3; ++trial) {
         for (Index b = 0; b < blocks;) {  // random chunks of blocks
           const Index e = std::min(blocks, b + 1 + static_cast<Index>(rng() % 4));
-          gpt2::detail::attention_row_partials<T>(q, paged.view, b, e, parts + b * stride, scratch);
+          gpt2::detail::row_partials<T>(gpt2::kernels::table<T>(), q, paged.view, b, e,
+                                        parts + b * stride, scratch);
           b = e;
         }
         RowMatrix<T> got = RowMatrix<T>::Constant(1, hd, T(-1));
-        gpt2::detail::merge_row_partials<T>(hd, n, parts, got.data(), scratch);
+        gpt2::detail::merge_row_partials<T>(gpt2::kernels::table<T>(), hd, n, parts, got.data(),
+                                            scratch);
         ASSERT_TRUE(same_bits(want, got)) << "n " << n << " head_dim " << hd;
       }
     }
@@ -458,7 +583,7 @@ TYPED_TEST(CoreRows, SplitDecodeStepsAreBitwiseOnAnyThreadCount) {
   gpt2::set_num_threads(before);
   for (std::size_t i = 1; i < outs.size(); ++i)
     EXPECT_TRUE(same_bits(outs[0], outs[i])) << "thread count #" << i;
-  if (gpt2::detail::row_exact_projections<T>()) {
+  if (gpt2::kernels::table<T>().row_exact) {
     RowMatrix<T> whole(T_, 64);
     gpt2::Workspace<T> ws(m.config, T_);
     gpt2::attention_forward<T>(w, x, ws, whole);

@@ -201,7 +201,7 @@ TYPED_TEST(BatchTest, EveryCheckRunsBeforeAnyCacheChanges) {
   // rows its two tokens use (0 .. 6C). With row-exact projections the two sequences share one
   // group, which uses 3 rows (0 .. 9C): then sequence 0's row hits them too.
   Eigen::Map<RowMatrix<T>> out(ws.qkv.data() + 3 * kC, 4, kC);
-  const std::string hit = gpt2::detail::row_exact_projections<T>() ? "0" : "1";
+  const std::string hit = gpt2::kernels::table<T>().row_exact ? "0" : "1";
   EXPECT_EQ(error_of<gpt2::ShapeError>([&] { gpt2::attention_forward<T>(this->w, x, layout, caches, ws, out); }),
             "batch sequence " + hit + ": out: must not overlap the workspace");
   EXPECT_EQ(caches[0].n_past(), 0);

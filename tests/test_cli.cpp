@@ -1224,6 +1224,45 @@ TEST_F(CliBatchTest, SharePrefixGivesTheRunWithoutIt) {
   }
 }
 
+// --share-prefix N --kv-cache bf16 (a paged cache of bf16 blocks, forked from the prefix) gives the
+// bytes of the same batch through --prefill with --kv-cache bf16 (one contiguous bf16 cache per
+// sequence) at every level but generic (there within the float tolerance) and amx (its AMX core
+// runs the tiles of 16 rows or more, the float32 core the shorter ones: within kAmxChunkTol), with
+// float32 and bf16 weights; and P is the plain run's.
+constexpr double kAmxChunkTolSynthetic = 5e-4;
+TEST_F(CliBatchTest, SharePrefixWithBf16CacheGivesThePrefillRunsBytes) {
+  const std::vector<Index> starts = {0, 1, 2}, lengths = {7, 6, 4};
+  RowMatrix<float> shared = xb;
+  for (Index b = 1; b < kB; ++b)
+    shared.middleRows(b * kTb + starts[static_cast<std::size_t>(b)], 4) = xb.topRows(4);
+  write_batch("xs.npy", shared);
+  for (const std::string& level : available_levels()) {
+    for (const std::string dtype : {"f32", "bf16"}) {
+      for (const std::string prefill : {"0", "2", "4", "5", "7"}) {
+        SCOPED_TRACE(level + " --dtype " + dtype + " --prefill " + prefill);
+        const std::vector<std::string> base = {
+            "run", "--weights", "w.safetensors", "--input", "xs.npy", "--n-head", "4", "--output",
+            "yb.npy", "--probs", "pb.npy", "--starts", csv(starts), "--lengths", csv(lengths),
+            "--dtype", dtype, "--prefill", prefill, "--kv-cache", "bf16"};
+        ASSERT_EQ(cli_at(level, base).status, 0);
+        const std::string y = read_text(file("yb.npy")), p = read_text(file("pb.npy"));
+        const RowMatrix<double> y_plain = read_matrix_as_double(file("yb.npy"), "f32", {kB, kTb, kC});
+        std::vector<std::string> shared_args = base;
+        shared_args.insert(shared_args.end(), {"--share-prefix", "4"});
+        EXPECT_SUCCESS(cli_at(level, shared_args));
+        EXPECT_EQ(read_text(file("pb.npy")), p);
+        const RowMatrix<double> y_shared = read_matrix_as_double(file("yb.npy"), "f32", {kB, kTb, kC});
+        if (level == "generic")
+          EXPECT_TRUE(gpt2::test::near(y_shared, y_plain, kFloatTol));
+        else if (level == "amx")
+          EXPECT_LE(relative_max_error(y_shared, y_plain), kAmxChunkTolSynthetic);
+        else
+          EXPECT_EQ(read_text(file("yb.npy")), y);
+      }
+    }
+  }
+}
+
 // The data errors of --share-prefix, whole messages, and nothing written.
 TEST_F(CliBatchTest, SharePrefixErrorsNameTheSequenceAndTheRow) {
   RowMatrix<float> shared = xb;
@@ -1360,34 +1399,60 @@ TEST_F(CliBatchTest, TensorParallelMatchesThePlainRun) {
     std::string input, dtype;
     std::vector<std::int64_t> y_shape, p_shape;
   };
+  // xs.npy: the first 4 real rows of every sequence are the same (for --share-prefix 4)
+  RowMatrix<float> shared = xb;
+  for (Index b = 1; b < kB; ++b) shared.middleRows(b * kTb + b, 4) = xb.topRows(4);
+  write_batch("xs.npy", shared);
+  const std::vector<std::int64_t> y1 = {kT, kC}, p1 = {kHeads, kT, kT};
+  const std::vector<std::int64_t> yb = {kB, kTb, kC}, pb = {kB, kHeads, kTb, kTb};
+  const std::vector<std::string> s = {"--starts", "0,1,2", "--lengths", "7,6,4"};
+  const auto cat = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
   const std::vector<Case> cases = {
-      {{}, "x.npy", "f32", {kT, kC}, {kHeads, kT, kT}},
-      {{"--prefill", "3"}, "x.npy", "f64", {kT, kC}, {kHeads, kT, kT}},
-      {{"--starts", "0,2,0", "--lengths", "7,4,0"}, "xb.npy", "f32", {kB, kTb, kC}, {kB, kHeads, kTb, kTb}},
-      {{"--starts", "2,0,1", "--lengths", "5,7,3", "--prefill", "2"}, "xb.npy", "f64", {kB, kTb, kC},
-       {kB, kHeads, kTb, kTb}},
+      {{}, "x.npy", "f32", y1, p1},
+      {{"--prefill", "3"}, "x.npy", "f64", y1, p1},
+      {{"--starts", "0,2,0", "--lengths", "7,4,0"}, "xb.npy", "f32", yb, pb},
+      {{"--starts", "2,0,1", "--lengths", "5,7,3", "--prefill", "2"}, "xb.npy", "f64", yb, pb},
+      // every flag of run composes with --tensor-parallel: bf16 weights, bf16 KV caches, paged
+      // caches forked from a shared prefix (float and bf16 blocks)
+      {{}, "x.npy", "bf16", y1, p1},
+      {{"--prefill", "3", "--kv-cache", "bf16"}, "x.npy", "f32", y1, p1},
+      {{"--prefill", "2", "--kv-cache", "bf16"}, "x.npy", "bf16", y1, p1},
+      {{"--starts", "2,0,1", "--lengths", "5,7,3", "--prefill", "2", "--kv-cache", "bf16"}, "xb.npy",
+       "f32", yb, pb},
+      {cat(s, {"--share-prefix", "4"}), "xs.npy", "f32", yb, pb},
+      {cat(s, {"--share-prefix", "4", "--prefill", "5"}), "xs.npy", "f64", yb, pb},
+      {cat(s, {"--share-prefix", "4", "--prefill", "2", "--kv-cache", "bf16"}), "xs.npy", "f32", yb, pb},
+      {cat(s, {"--share-prefix", "4", "--prefill", "6", "--kv-cache", "bf16"}), "xs.npy", "bf16", yb, pb},
   };
   for (const Case& c : cases) {
+    const std::string file_dtype = c.dtype == "f64" ? "f64" : "f32";
     const auto args_for = [&](const std::string& y_file, const std::string& p_file) {
       std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", c.input, "--n-head",
                                        "4", "--dtype", c.dtype, "--probs", p_file, "--output", y_file};
       args.insert(args.end(), c.flags.begin(), c.flags.end());
       return args;
     };
+    std::string flags;
+    for (const std::string& f : c.flags) flags += " " + f;
+    SCOPED_TRACE(c.input + " --dtype " + c.dtype + flags);
     ASSERT_EQ(cli(args_for("y.npy", "p.npy")).status, 0);
-    const RowMatrix<double> y = read_matrix_as_double(file("y.npy"), c.dtype, c.y_shape);
-    const RowMatrix<double> p = read_matrix_as_double(file("p.npy"), c.dtype, c.p_shape);
-    const double tol = c.dtype == "f32" ? 8 * kFloatTol : kDoubleTol;
+    const RowMatrix<double> y = read_matrix_as_double(file("y.npy"), file_dtype, c.y_shape);
+    const RowMatrix<double> p = read_matrix_as_double(file("p.npy"), file_dtype, c.p_shape);
+    // the ranks' partial outputs are summed in another order than one product's chains
+    const double tol = c.dtype == "f64" ? kDoubleTol : 8 * kFloatTol;
     for (const int ranks : {2, 3}) {  // 4 heads: 2 + 2, and 2 + 1 + 1
-      SCOPED_TRACE(c.input + " " + c.dtype + " " + csv({static_cast<Index>(c.flags.size())}) + " flags, " +
-                   std::to_string(ranks) + " ranks");
+      SCOPED_TRACE(std::to_string(ranks) + " ranks");
       std::vector<std::string> tp_args = args_for("yt.npy", "pt.npy");
       tp_args.push_back("--tensor-parallel");
       const CliResult r = cli_under(mpiexec(ranks), tp_args);
       EXPECT_SUCCESS(r);
-      EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("yt.npy"), c.dtype, c.y_shape), y, tol));
-      EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("pt.npy"), c.dtype, c.p_shape), p, tol));
-      const std::vector<std::string> expected = {"p.npy", "pt.npy", "w.safetensors", "x.npy", "xb.npy", "y.npy", "yt.npy"};
+      EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("yt.npy"), file_dtype, c.y_shape), y, tol));
+      EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("pt.npy"), file_dtype, c.p_shape), p, tol));
+      const std::vector<std::string> expected = {"p.npy", "pt.npy", "w.safetensors", "x.npy", "xb.npy",
+                                                 "xs.npy", "y.npy", "yt.npy"};
       EXPECT_EQ(dir.list(), expected);
     }
   }
@@ -1599,8 +1664,6 @@ std::vector<BadCase> bad_cases() {
       {run({{"--n-head", "2.5"}}), 2, {"--n-head", "2.5"}},
       {run({{"--dtype", "f16"}}), 2, {"--dtype: expected f32, f64 or bf16, got 'f16'"}},
       {run({{"--dtype", "BF16"}}), 2, {"--dtype: expected f32, f64 or bf16, got 'BF16'"}},
-      {run({{"--dtype", "bf16"}, {"--tensor-parallel", "<none>"}}), 2,
-       {"--dtype bf16: not available with --tensor-parallel"}},
       {{"demo", "--dtype", "f64"}, 2, {"--dtype: expected f32 or bf16 (demo computes in float32), got 'f64'"}},
       {{"demo", "--dtype", "bf"}, 2, {"--dtype", "f32 or bf16", "'bf'"}},
       {{"run", "stray", "--weights", "w.safetensors"}, 2, {"unexpected argument", "stray"}},

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "gpt2/attention.hpp"
-#include "gpt2/parallel.hpp"
+#include "gpt2/detail/parallel.hpp"
 #include "gpt2/safetensors.hpp"
 #include "support/compare.hpp"
 #include "support/models.hpp"

@@ -27,7 +27,7 @@
 
 #include "gpt2/attention.hpp"
 #include "gpt2/npy.hpp"
-#include "gpt2/paged_attention.hpp"
+#include "gpt2/paged_kv_cache.hpp"
 #include "gpt2/safetensors.hpp"
 #include "support/models.hpp"
 #include "support/tmpdir.hpp"
@@ -619,7 +619,6 @@ void cli_rows(Table& t) {
   t.cli("an unknown dtype", with({"--dtype", "f16"}), d);
   t.cli("--kv-cache without --prefill", with({"--kv-cache", "bf16"}), d);
   t.cli("--kv-cache bf16 with --dtype f64", with({"--prefill", "2", "--kv-cache", "bf16", "--dtype", "f64"}), d);
-  t.cli("bf16 with --tensor-parallel", with({"--dtype", "bf16", "--tensor-parallel"}), d);
   t.cli("demo: an unknown dtype (no f64)", {"demo", "--dtype", "f64"}, d);
   t.cli("a malformed list", {"run", "--weights", "w.safetensors", "--input", "xb.npy", "--output",
                              "y.npy", "--lengths", "3,,1"}, d);

@@ -85,13 +85,14 @@ TEST(KernelDispatch, SetIsaForcesEveryAvailableLevelAndKernelInfoSaysSo) {
     EXPECT_EQ(info.chosen_by, "set_isa");
     EXPECT_EQ(info.cpu, gpt2::kernels::cpu_features().names());
     EXPECT_EQ(info.summary(), info.level + "; cpu: " + info.cpu);
-    EXPECT_EQ(gpt2::kernels::float_kernels() == nullptr, isa == Isa::generic);
-    if (isa != Isa::generic) {  // amx runs avx512's float32 kernels; avx512_bf16 its own table
-      // (avx512's, with both attention products on VDPBF16PS in bf16 weights' tiles)
-      EXPECT_EQ(gpt2::kernels::float_kernels()->isa,
-                isa == Isa::avx512_bf16 ? isa : gpt2::float_level(isa));
-      EXPECT_NE(gpt2::kernels::bf16_gemm(isa), nullptr);
-    }
+    // every level has a complete table of its own (generic's included), the active one's
+    const gpt2::kernels::Kernels<float>& k = gpt2::kernels::table<float>();
+    EXPECT_EQ(k.isa, isa);
+    EXPECT_EQ(&k, &gpt2::kernels::float_table(isa));
+    EXPECT_EQ(k.row_exact, isa != Isa::generic);
+    EXPECT_TRUE(k.project && k.gemm && k.row_times_transposed && k.softmax_row &&
+                k.attention_tile && k.row_partials && k.merge_row_partials && k.tile_rows);
+    EXPECT_EQ(gpt2::kernels::table<double>().isa, Isa::generic);  // double: generic everywhere
     gpt2::set_isa(std::string(gpt2::isa_name(isa)));  // by name
     EXPECT_EQ(gpt2::active_isa(), isa);
   }

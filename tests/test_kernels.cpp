@@ -30,7 +30,24 @@ namespace emu = gpt2::test::emulation;
 
 #if GPT2_KERNELS_HAVE_AVX2 && GPT2_KERNELS_HAVE_AVX512
 using gpt2::Isa;
-using Table = gpt2::kernels::FloatKernels;
+// The vector levels' primitives under test (the avx512_bf16 and amx levels run avx512's).
+struct Table {
+  void (*gemm)(Index, Index, Index, const float*, Index, const float*, Index, float*, Index, float*);
+  void (*gemm_packed)(Index, Index, Index, const float*, Index, const float*, float*, Index);
+  void (*row_times_matrix)(Index, Index, const float*, const float*, Index, float*);
+  void (*row_times_packed)(Index, Index, const float*, const float*, float*);
+  void (*row_times_transposed)(Index, Index, const float*, const float*, Index, float*);
+  void (*softmax_row)(float*, Index, Index, float);
+};
+const Table& level_table(Isa isa) {
+  namespace k2 = gpt2::kernels::avx2;
+  namespace k5 = gpt2::kernels::avx512;
+  static const Table avx2{k2::gemm, k2::gemm_packed, k2::row_times_matrix, k2::row_times_packed,
+                          k2::row_times_transposed, k2::softmax_row};
+  static const Table avx512{k5::gemm, k5::gemm_packed, k5::row_times_matrix, k5::row_times_packed,
+                            k5::row_times_transposed, k5::softmax_row};
+  return isa == Isa::avx2 ? avx2 : avx512;
+}
 
 // kexp of one float at a level.
 GPT2_KERNEL_AVX512 float avx512_kexp(float x) {
@@ -68,7 +85,7 @@ class Kernels : public ::testing::TestWithParam<Isa> {
     if (!gpt2::isa_supported(GetParam()))
       GTEST_SKIP() << "skipped: the CPU has no " << gpt2::isa_name(GetParam());
   }
-  const Table& k() const { return *gpt2::kernels::float_kernels(GetParam()); }
+  const Table& k() const { return level_table(GetParam()); }
   float kexp(float x) const { return level_kexp(GetParam(), x); }
   float kexp2(float x) const { return level_kexp2(GetParam(), x); }
   float kexpe(float x) const { return level_kexpe(GetParam(), x); }
@@ -566,8 +583,8 @@ INSTANTIATE_TEST_SUITE_P(Levels, Kernels, ::testing::Values(Isa::avx2, Isa::avx5
 // The two levels give identical bits (both run the documented orders).
 TEST(KernelLevels, Avx2AndAvx512GiveTheSameBits) {
   if (!gpt2::isa_supported(Isa::avx512)) GTEST_SKIP() << "skipped: the CPU has no avx512";
-  const Table& k2 = *gpt2::kernels::float_kernels(Isa::avx2);
-  const Table& k5 = *gpt2::kernels::float_kernels(Isa::avx512);
+  const Table& k2 = level_table(Isa::avx2);
+  const Table& k5 = level_table(Isa::avx512);
   Buffer pack2(gpt2::kernels::kPackFloats), pack512(gpt2::kernels::kPackFloats);
   std::uint32_t seed = 3000;
   for (const Shape& s : {Shape{64, 2304, 768}, Shape{37, 768, 768}, Shape{97, 300, 513},

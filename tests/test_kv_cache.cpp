@@ -38,7 +38,7 @@ template <class T>
 constexpr double kChunkTolerance = sizeof(T) == 4 ? 4e-6 : 1e-14;
 
 // Caches are megabytes: copies are explicit (copy(), copy_from()), moves never throw. The same
-// for the bf16 cache (both are detail::KVStorage).
+// for the bf16 cache (both are KVCache<S>).
 static_assert(!std::is_copy_constructible<KVCache<float>>::value &&
                   !std::is_copy_assignable<KVCache<double>>::value,
               "a KVCache is copied only explicitly");
@@ -282,7 +282,7 @@ TYPED_TEST(KVCacheTest, MovingAcrossConfigsLeavesTheSourceEmptyInItsOwnShape) {
   gpt2::KVCacheBF16 big16({96, 3}, 5), small16({32, 4}, 7);
   big16 = std::move(small16);
   EXPECT_EQ(small16.value_storage().cols(), 8);  // NOLINT(bugprone-use-after-move)
-  EXPECT_EQ(small16.key_bits(1).cols(), 8);
+  EXPECT_EQ(small16.keys(1).cols(), 8);
 }
 
 TYPED_TEST(KVCacheTest, ACapacityBeyondTheIndexTypeIsAnError) {
@@ -358,7 +358,7 @@ TYPED_TEST(KVCacheTest, ChunkedEqualsWhole) {
     }
     splits.push_back(split);
   }
-  const bool exact = gpt2::detail::row_exact_projections<T>();
+  const bool exact = gpt2::kernels::table<T>().row_exact;
   double worst_out = 0, worst_probs = 0;
   for (const std::vector<Index>& split : splits) {
     SCOPED_TRACE("split of " + std::to_string(split.size()) + " chunks, first " +
@@ -394,7 +394,7 @@ TYPED_TEST(KVCacheTest, ChunkedEqualsWhole) {
 // projection's, bitwise where the projections are row-exact.
 TYPED_TEST(KVCacheTest, ChunkedKeysAndValuesAreTheWholeOnes) {
   using T = TypeParam;
-  if (!gpt2::detail::row_exact_projections<T>())
+  if (!gpt2::kernels::table<T>().row_exact)
     GTEST_SKIP() << "skipped: Eigen's projections at this level are not row-exact (rounding only)";
   const Model<T> m = random_model<T>(128, 2, 12);
   const gpt2::AttentionWeights<T> w = m.weights();
@@ -499,7 +499,7 @@ TEST(KVCacheKeyBlocks, RolledBackKeysDoNotReachLaterSteps) {
 // one-thread steps and the whole-sequence forward, on 1, 2 and 3 threads, with a last block cut
 // short (600 positions) and a head_dim that ends mid-vector (20).
 TEST(KVCacheKeyBlocks, SplitDecodeStepsOverThreadsAreBitwise) {
-  if (!gpt2::detail::row_exact_projections<float>())
+  if (!gpt2::kernels::table<float>().row_exact)
     GTEST_SKIP() << "skipped: Eigen's projections at this level are not row-exact (rounding only)";
   const int threads_before = gpt2::num_threads();
   for (const Index C : {Index{64}, Index{20}}) {
@@ -533,7 +533,7 @@ TYPED_TEST(KVCacheTest, DecodeStepsInOneRegionAreBitwise) {
   using T = TypeParam;
   if (!gpt2::kHasOpenMP) GTEST_SKIP() << "skipped: built without OpenMP (one thread only)";
   const gpt2::test::ThreadCount restore;
-  const bool exact = gpt2::detail::row_exact_projections<T>();
+  const bool exact = gpt2::kernels::table<T>().row_exact;
   struct Shape {
     Index C, heads;
   };

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "gpt2/attention.hpp"
-#include "gpt2/paged_attention.hpp"
+#include "gpt2/paged_kv_cache.hpp"
 #include "gpt2/paged_kv_cache.hpp"
 #include "support/models.hpp"
 

@@ -12,7 +12,7 @@ static std::atomic<int> g_eigen_assert_failures{0};
 #include <gtest/gtest.h>
 
 #include "gpt2/attention.hpp"
-#include "gpt2/paged_attention.hpp"
+#include "gpt2/paged_kv_cache.hpp"
 #include "support/compare.hpp"  // Scalars
 #include "support/models.hpp"
 #include "support/new_counter.hpp"

@@ -392,6 +392,86 @@ TYPED_TEST(TensorParallelFiveHeads, PlainCachedAndBatched) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The shard is a sublayer like the whole weights, so every forward composes with it: bf16 weights
+// (the shard packs its copies as the given weights are packed), bf16 KV caches, paged sequences of
+// float and bf16 pools (forks sharing a prompt, batched decode), each against the same forward on
+// one process. Both use the same weights and caches, so what differs is only the order in which
+// the ranks' partial outputs are summed: float within 1e-5 relative.
+// ---------------------------------------------------------------------------------------------
+
+constexpr double kShardSumTol = 1e-5;
+
+// x [T, C] through `make()`'s cache in chunks: a prefill of `first` rows, then one row at a time.
+template <class S, class Cache, class MakeCache>
+RowMatrix<float> through_cache(const S& sublayer, const RowMatrix<float>& x, Index first,
+                               gpt2::Workspace<float>& ws, const MakeCache& make) {
+  Cache cache = make();
+  RowMatrix<float> out(x.rows(), x.cols());
+  gpt2::attention_forward<float>(sublayer, x.topRows(first), cache, ws, out.topRows(first));
+  for (Index t = first; t < x.rows(); ++t)
+    gpt2::attention_forward<float>(sublayer, x.middleRows(t, 1), cache, ws, out.middleRows(t, 1));
+  return out;
+}
+
+TEST(TensorParallelComposes, Bf16WeightsBf16CachesAndPagedSequences) {
+  const Index C = 128, H = 8, T_ = 70;  // 8 heads of 16: 4 + 4, and 3 + 3 + 2
+  const Model<float> m = model<float>(C, H, 71);
+  const RowMatrix<float> x = gpt2::test::det_matrix<float>(73, T_, C, 1.0);
+  for (const gpt2::WeightDtype dtype : {gpt2::WeightDtype::float32, gpt2::WeightDtype::bf16}) {
+    SCOPED_TRACE(gpt2::dtype_name(dtype));
+    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(m.weights(), dtype);
+    const TensorParallelAttention<float> tp(w, MPI_COMM_WORLD);
+    EXPECT_EQ(tp.weight_dtype(), dtype);
+    gpt2::Workspace<float> ws = tp.workspace(T_, T_), ws1(w.config(), T_, T_);
+
+    RowMatrix<float> out(T_, C), single(T_, C);  // no cache
+    gpt2::attention_forward<float>(tp, x, ws, out);
+    gpt2::attention_forward<float>(w, x, ws1, single);
+    EXPECT_TRUE(gpt2::test::near(out, single, kShardSumTol)) << "plain";
+    EXPECT_TRUE(same_on_every_rank(out));
+
+    // a bf16 cache of this rank's heads
+    using Bf16Cache = KVCache<gpt2::bfloat16>;
+    const RowMatrix<float> bf16_tp = through_cache<TensorParallelAttention<float>, Bf16Cache>(
+        tp, x, 40, ws, [&] { return tp.cache<gpt2::bfloat16>(T_); });
+    const RowMatrix<float> bf16_single = through_cache<gpt2::AttentionWeights<float>, Bf16Cache>(
+        w, x, 40, ws1, [&] { return Bf16Cache(w.config(), T_); });
+    EXPECT_TRUE(gpt2::test::near(bf16_tp, bf16_single, kShardSumTol)) << "bf16 cache";
+    EXPECT_TRUE(same_on_every_rank(bf16_tp));
+
+    // paged sequences of a pool over this rank's heads (float and bf16 blocks): a prompt, two
+    // forks decoding together in a batch, against the same on one process
+    const auto paged = [&](const auto& sublayer, const gpt2::AttentionConfig& heads, auto storage,
+                           gpt2::Workspace<float>& wsp) {
+      using Stored = decltype(storage);
+      gpt2::KVBlockPool<Stored> pool(heads, 32);
+      gpt2::PagedSequence<Stored> root(pool);
+      RowMatrix<float> y(T_ + 2 * 6, C);
+      gpt2::attention_forward<float>(sublayer, x.topRows(T_), root, wsp, y.topRows(T_));
+      gpt2::PagedSequence<Stored> a = root.fork(), b = root.fork();
+      std::vector<gpt2::PagedSequence<Stored>*> seqs = {&a, &b};
+      const BatchLayout step = BatchLayout::full(2, 1);
+      for (Index i = 0; i < 6; ++i) {
+        const RowMatrix<float> xs = gpt2::test::det_matrix<float>(80 + i, 2, C, 1.0);
+        RowMatrix<float> ys(2, C);
+        gpt2::attention_forward<float>(sublayer, xs, step, seqs, wsp, ys);
+        y.middleRows(T_ + 2 * i, 2) = ys;
+      }
+      return y;
+    };
+    for (const bool bf16_blocks : {false, true}) {
+      SCOPED_TRACE(bf16_blocks ? "bf16 pool" : "float pool");
+      const RowMatrix<float> y_tp = bf16_blocks ? paged(tp, tp.shard_config(), gpt2::bfloat16{}, ws)
+                                                : paged(tp, tp.shard_config(), float{}, ws);
+      const RowMatrix<float> y1 = bf16_blocks ? paged(w, w.config(), gpt2::bfloat16{}, ws1)
+                                              : paged(w, w.config(), float{}, ws1);
+      EXPECT_TRUE(gpt2::test::near(y_tp, y1, kShardSumTol));
+      EXPECT_TRUE(same_on_every_rank(y_tp));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Decode steps allocate nothing once sized.
 // ---------------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "gpt2/attention.hpp"
-#include "gpt2/parallel.hpp"
+#include "gpt2/detail/parallel.hpp"
 #include "support/compare.hpp"
 #include "support/errors.hpp"
 #include "support/models.hpp"

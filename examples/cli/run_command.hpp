@@ -139,8 +139,6 @@ inline RunOptions parse_run_options(const Flags& flags) {
   o.tensor_parallel = flags.has("tensor-parallel");
   if (flags.has("share-prefix"))
     o.share_prefix = static_cast<Index>(flags.integer_or("share-prefix", 0, 0, Flags::kNoMax));
-  if (o.share_prefix && o.tensor_parallel)
-    throw UsageError("--share-prefix: not available with --tensor-parallel");
   if (flags.has("kv-cache")) {
     const std::string kv = flags.required("kv-cache");
     if (kv != "f32" && kv != "bf16")
@@ -150,15 +148,7 @@ inline RunOptions parse_run_options(const Flags& flags) {
     if (o.kv_bf16 && o.precision == Precision::f64)
       throw UsageError("--kv-cache bf16: not available with --dtype f64 (a bf16 cache serves "
                        "float32 forwards)");
-    if (o.kv_bf16 && o.tensor_parallel)
-      throw UsageError("--kv-cache bf16: not available with --tensor-parallel");
-    if (o.kv_bf16 && o.share_prefix)
-      throw UsageError("--kv-cache bf16: not available with --share-prefix (the paged pool is "
-                       "float32)");
   }
-  if (o.precision == Precision::bf16 && o.tensor_parallel)
-    throw UsageError("--dtype bf16: not available with --tensor-parallel (the shards' weights are "
-                     "float32 only)");
   if (o.tensor_parallel && !kHasTensorParallel)
     throw UsageError("--tensor-parallel: this gpt2-attention was built without MPI "
                      "(configure with GPT2_ATTENTION_MPI=ON; Debian: libopenmpi-dev, openmpi-bin)");
@@ -232,11 +222,11 @@ void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
   r.out.resize(input.x.rows(), w.n_embd());
   if (!input.batched()) {
     if (o.prefill && o.kv_bf16) {
-      if constexpr (std::is_same<W, AttentionWeights<float>>::value) {
-        KVCacheBF16 cache(w.config(), T_);
+      if constexpr (std::is_same<T, float>::value) {
+        KVCache<bfloat16> cache(heads_config(w), T_);
         prefill_forward_through<T>(w, input.x, *o.prefill, r.out, probs, cache);
       } else {
-        throw UsageError("--kv-cache bf16: needs float32 weights on one process");
+        throw UsageError("--kv-cache bf16: needs --dtype f32 or bf16");
       }
     } else if (o.prefill) {
       prefill_forward<T>(w, input.x, *o.prefill, r.out, probs);
@@ -248,18 +238,20 @@ void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
         attention_forward<T>(w, input.x, ws, r.out);
     }
   } else {
-    if (o.share_prefix) {
-      if constexpr (std::is_same<W, AttentionWeights<T>>::value)
-        shared_prefix_decode<T>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
+    if (o.share_prefix && o.kv_bf16) {
+      if constexpr (std::is_same<T, float>::value)
+        shared_prefix_decode<T, bfloat16>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
       else
-        throw UsageError("--share-prefix: not available with --tensor-parallel");
+        throw UsageError("--kv-cache bf16: needs --dtype f32 or bf16");
+    } else if (o.share_prefix) {
+      shared_prefix_decode<T, T>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
     } else if (o.prefill && o.kv_bf16) {
-      if constexpr (std::is_same<W, AttentionWeights<float>>::value)
-        batch_decode_through<T, KVCacheBF16>(
+      if constexpr (std::is_same<T, float>::value)
+        batch_decode_through<T, KVCache<bfloat16>>(
             w, input.x, *layout, *o.prefill, r.out,
-            [](const W& sub, Index n) { return KVCacheBF16(sub.config(), n); });
+            [](const W& sub, Index n) { return KVCache<bfloat16>(heads_config(sub), n); });
       else
-        throw UsageError("--kv-cache bf16: needs float32 weights on one process");
+        throw UsageError("--kv-cache bf16: needs --dtype f32 or bf16");
     } else if (o.prefill)
       batch_decode<T>(w, input.x, *layout, *o.prefill, r.out);
     else

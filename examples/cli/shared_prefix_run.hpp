@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "gpt2/attention.hpp"
-#include "gpt2/paged_attention.hpp"
+#include "sublayer.hpp"
 
 namespace gpt2::cli {
 
@@ -55,21 +55,22 @@ void check_shared_prefix(const ConstMatrixRef<T>& x, const BatchLayout& layout, 
 }
 
 // Fills out [B * T, C] (padded rows 0) as described above. prefill: --prefill P, or none.
-template <class T>
-void shared_prefix_decode(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                          const BatchLayout& layout, Index n, std::optional<Index> prefill,
-                          MatrixRef<T> out) {
+// W: AttentionWeights<T> or a rank's TensorParallelAttention<T> (sublayer.hpp); S: the pool's
+// storage, T or bfloat16 (--kv-cache bf16).
+template <class T, class S, class W>
+void shared_prefix_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+                          Index n, std::optional<Index> prefill, MatrixRef<T> out) {
   check_shared_prefix<T>(x, layout, n);
   const Index B = layout.batch(), C = w.n_embd(), L = layout.max_length();
   const Index P = prefill ? *prefill : L;  // no --prefill: the rest of a sequence in one step
   // Blocks: the prefix's, and each sequence's own (its copy of a shared partial block included).
   Index blocks = (n + kKVBlockRows - 1) / kKVBlockRows;
   for (Index b = 0; b < B; ++b) blocks += (layout.length(b) + kKVBlockRows - 1) / kKVBlockRows;
-  KVBlockPool<T> pool(w.config(), blocks);
+  KVBlockPool<S> pool(heads_config(w), blocks);
   const Index first_chunk = std::min(P, n), step0 = std::max<Index>(std::min(P, L) - n, 0);
-  Workspace<T> ws(w.config(), std::max({first_chunk, step0, std::min<Index>(L, 1)}), L);
+  Workspace<T> ws = make_workspace(w, std::max({first_chunk, step0, std::min<Index>(L, 1)}), L);
 
-  PagedSequence<T> prefix(pool, n);
+  PagedSequence<S> prefix(pool, n);
   RowMatrix<T> prefix_out(n, C);
   const ConstMatrixRef<T> x_prefix = x.middleRows(layout.first_row(0), n);
   if (first_chunk > 0)
@@ -77,14 +78,14 @@ void shared_prefix_decode(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
   for (Index r = first_chunk; r < n; ++r)
     attention_forward<T>(w, x_prefix.middleRows(r, 1), prefix, ws, prefix_out.middleRows(r, 1));
 
-  std::vector<PagedSequence<T>> seqs;
+  std::vector<PagedSequence<S>> seqs;
   seqs.reserve(static_cast<std::size_t>(B));
-  std::vector<PagedSequence<T>*> ptrs;
+  std::vector<PagedSequence<S>*> ptrs;
   for (Index b = 0; b < B; ++b) {
     seqs.push_back(prefix.fork());
     seqs.back().reserve(layout.length(b));
   }
-  for (PagedSequence<T>& s : seqs) ptrs.push_back(&s);
+  for (PagedSequence<S>& s : seqs) ptrs.push_back(&s);
   prefix.release();  // the sequences hold its blocks
 
   BatchLayout first = layout;

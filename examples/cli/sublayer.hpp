@@ -15,6 +15,11 @@
 
 namespace gpt2::cli {
 
+// The config of the heads the sublayer computes (its caches' and workspaces').
+template <class T>
+const AttentionConfig& heads_config(const AttentionWeights<T>& w) {
+  return w.config();
+}
 template <class T>
 KVCache<T> make_cache(const AttentionWeights<T>& w, Index max_tokens) {
   return KVCache<T>(w.config(), max_tokens);
@@ -31,6 +36,10 @@ Index heads_here(const AttentionWeights<T>& w) {
 
 #if GPT2_CLI_TENSOR_PARALLEL
 // A rank's shard: caches and workspaces over its heads; probabilities of its heads only.
+template <class T>
+const AttentionConfig& heads_config(const TensorParallelAttention<T>& tp) {
+  return tp.shard_config();
+}
 template <class T>
 KVCache<T> make_cache(const TensorParallelAttention<T>& tp, Index max_tokens) {
   return tp.cache(max_tokens);

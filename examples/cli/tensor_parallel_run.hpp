@@ -63,8 +63,11 @@ void run_tensor_parallel_in(const RunOptions& o, const MpiSession& mpi) {
     loaded.emplace(load_layer<T>(*file, o.layer, o.n_head));
     input.emplace(read_input<T>(o.input, loaded->weights().n_embd()));
     layout = input_layout(input->shape, o.starts, o.lengths);
+    if (o.share_prefix) check_share_prefix_shape(input->shape, *o.share_prefix);
   });
-  const TensorParallelAttention<T> tp(loaded->weights(), MPI_COMM_WORLD);
+  // the shard packs its own copies in the precision the weights are packed in (--dtype bf16)
+  const TensorParallelAttention<T> tp(packed_for_kernels(loaded->weights(), weight_dtype(o.precision)),
+                                      MPI_COMM_WORLD);
   const Index B = input->batch(), T_ = input->tokens(), H = tp.n_head(), H_r = tp.heads().count;
   const bool root = tp.rank() == 0;
   const bool want_probs = (!o.probs.empty() || !o.png.empty()) && input->x.rows() > 0;
@@ -99,10 +102,10 @@ void run_tensor_parallel_in(const RunOptions& o, const MpiSession& mpi) {
 inline int run_tensor_parallel(const RunOptions& o) {
   const MpiSession mpi;
   try {
-    if (o.precision == Precision::f32)
-      run_tensor_parallel_in<float>(o, mpi);
-    else
+    if (o.precision == Precision::f64)
       run_tensor_parallel_in<double>(o, mpi);
+    else  // f32, bf16: float32 files, the weights packed in weight_dtype(o.precision)
+      run_tensor_parallel_in<float>(o, mpi);
   } catch (const MpiError&) {  // may be this rank's alone: every rank reports its own
     throw;
   } catch (const std::exception& e) {  // shared by every rank: rank 0 reports it, before

@@ -1,5 +1,5 @@
 // gpt2_shared_prefix: one system prompt, many requests forked from it in a paged KV cache
-// (paged_kv_cache.hpp, paged_attention.hpp). The prompt goes through the sublayer once; each
+// (paged_kv_cache.hpp, batch.hpp). The prompt goes through the sublayer once; each
 // request forks it (sharing its blocks: nothing copied), adds its own question, then decodes a few
 // tokens, the requests batched step by step. It prints the memory the pool holds against what one
 // KVCache per request would hold, and checks every request's outputs bitwise against the same
@@ -8,7 +8,7 @@
 // The rows fed in stand for the embeddings of the tokens (this is one attention sublayer, not a
 // model: the "decoded" tokens are given, not sampled).
 #include <gpt2/attention.hpp>
-#include <gpt2/paged_attention.hpp>
+#include <gpt2/paged_kv_cache.hpp>
 
 #include <cstdio>
 #include <cstring>

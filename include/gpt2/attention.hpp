@@ -6,32 +6,31 @@
 //   y_h    = softmax(q_h k_h^T / sqrt(head_dim), causal) v_h                causal_attention.hpp
 //   merged = [y_0 | y_1 | ... ]  (head h at columns h*head_dim)            projection.hpp
 //   out    = merged @ c_proj.weight + c_proj.bias                           projection.hpp
-//   attention_forward / attention: all of it, with reusable scratch         forward.hpp
-//   KVCache + attention_forward(w, x, cache, ws, out): prefill and decode   kv_cache.hpp, incremental.hpp
-//   KVCacheBF16: the same with keys and values held in bf16 (float forwards)  kv_cache_bf16.hpp, incremental_bf16.hpp
-//   BatchLayout + attention_forward(w, x, batch, ...): padded batches       batch.hpp
-//   KVBlockPool + PagedSequence: paged KV cache, forks share a prompt       paged_kv_cache.hpp
-//   attention_forward(w, x, seq, ...): forwards over block tables           paged_attention.hpp
-//   set_num_threads / num_threads: OpenMP threads of the forwards           threads.hpp
-//   kernel_info / set_isa / pack_weights: the kernel level, chosen at run time  kernels/dispatch.hpp, weights.hpp
+//
+//   AttentionWeights, pack_weights (float32 or bf16 copies)                 weights.hpp
+//   attention_forward(w, x, ws, out) / (w, x, cache, ws, out): one sequence sublayer.hpp
+//   KVCache<float|double|bfloat16>: the cache concept and contiguous caches kv_cache.hpp
+//   KVBlockPool + PagedSequence: paged caches, forks share a prompt       paged_kv_cache.hpp
+//   BatchLayout + attention_forward(w, x, batch, [caches,] ws, out)         batch.hpp
+//   Workspace: the scratch of the forwards, sized once                      workspace.hpp
+//   set_num_threads / num_threads: threads of the forwards                  threads.hpp
+//   kernel_info / set_isa: the kernel level, chosen at run time             kernels/dispatch.hpp
+// Beside it: tensor_parallel.hpp (heads over MPI ranks; gpt2::mpi), safetensors.hpp and npy.hpp
+// (gpt2::io), layer_norm.hpp.
 #pragma once
 
 #include "gpt2/batch.hpp"
 #include "gpt2/causal_attention.hpp"
 #include "gpt2/config.hpp"
 #include "gpt2/error.hpp"
-#include "gpt2/forward.hpp"
 #include "gpt2/gemm.hpp"
-#include "gpt2/incremental.hpp"
-#include "gpt2/incremental_bf16.hpp"
 #include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kv_cache.hpp"
-#include "gpt2/kv_cache_bf16.hpp"
 #include "gpt2/layer_norm.hpp"
-#include "gpt2/paged_attention.hpp"
 #include "gpt2/paged_kv_cache.hpp"
 #include "gpt2/projection.hpp"
 #include "gpt2/qkv.hpp"
+#include "gpt2/sublayer.hpp"
 #include "gpt2/threads.hpp"
 #include "gpt2/types.hpp"
 #include "gpt2/version.hpp"

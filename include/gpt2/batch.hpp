@@ -1,12 +1,15 @@
-// Batches: B sequences of up to T tokens each, padded to a common length T, in one call.
+// Batches: B sequences of up to T tokens each, padded to a common length T, in one call, without
+// caches or through one KV cache per sequence (any model of kv_cache.hpp's concept).
 //
 //   x [B * T, C]: the row-major [B, T, C] tensor; sequence b owns rows b*T .. b*T + T - 1, and its
 //   real tokens are rows start(b) .. start(b) + length(b) - 1 of them (right padding: start 0;
 //   left padding: start T - length). The other rows are padding.
 //
 // Padding never reaches a real token, whatever it holds (NaN included): padded rows are never
-// read. Padded output rows are exactly zero (a query with no visible key gives zeros, never NaN).
-// Each sequence's real rows get exactly what a forward over those rows alone gives.
+// read. Padded output rows are exactly zero. Each sequence's real rows get exactly what a forward
+// over those rows alone gives: where a product's rows are exact (the vector levels), the real rows
+// of up to kBatchGroupRows rows of consecutive sequences go through each projection together, so a
+// batched decode step reads the weights once for up to 256 sequences.
 #pragma once
 
 #include <algorithm>
@@ -15,12 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "gpt2/detail/pipeline.hpp"
 #include "gpt2/error.hpp"
-#include "gpt2/forward.hpp"
-#include "gpt2/incremental.hpp"
-#include "gpt2/incremental_bf16.hpp"
-#include "gpt2/kv_cache.hpp"
-#include "gpt2/kv_cache_bf16.hpp"
+#include "gpt2/kernels/levels.hpp"
 #include "gpt2/types.hpp"
 #include "gpt2/weights.hpp"
 #include "gpt2/workspace.hpp"
@@ -114,17 +114,22 @@ class BatchLayout {
   std::vector<Index> starts_, lengths_;
 };
 
-// Real rows of a cached batch that go through the projections together (a group) when the
-// projections are row-exact (the AVX-512 float kernel): a decode step of up to 256 sequences
-// reads the weights once, not once per sequence, while the workspace stays at 256 rows. When a
-// sequence is longer, the workspace has room for it and groups take up to that many rows.
+
+// Real rows that go through the projections together (a group) where their rows are exact: a
+// decode step of up to 256 sequences reads the weights once, while the workspace stays at 256
+// rows. When a sequence is longer, the workspace has room for it and groups take up to that many.
 inline constexpr Index kBatchGroupRows = 256;
+
+template <class S>
+class PagedSequence;  // paged_kv_cache.hpp
+template <class S>
+class PagedLayer;
 
 namespace detail {
 
-// Shapes, and the one way out may share storage with x: being exactly x (each sequence's rows
-// are read before they are written). A partial overlap would let sequence b's output overwrite a
-// later sequence's input.
+// Shapes, and the one way out may share storage with x: being exactly x (each sequence's rows are
+// read before they are written). A partial overlap would let sequence b's output overwrite a later
+// sequence's input.
 template <class T>
 void check_batch_io(const BatchLayout& batch, Index C, const ConstMatrixRef<T>& x,
                     const MatrixRef<T>& out) {
@@ -143,16 +148,6 @@ void zero_padding(const BatchLayout& batch, Index b, MatrixRef<T>& out) {
   out.middleRows(b * T_ + end, T_ - end).setZero();
 }
 
-// A sequence's real rows of x [n, C] must not overlap the first `rows` rows of the workspace's
-// buffers, which the forward writes before (or while) it reads x.
-template <class T>
-void check_input_outside_workspace(const Workspace<T>& ws, Index rows, const ConstMatrixRef<T>& x_b) {
-  if (rows == 0 || x_b.rows() == 0) return;
-  const ConstMatrixRef<T> qkv = ws.qkv.topRows(rows), merged = ws.merged.topRows(rows);
-  if (overlaps(x_b, qkv) || overlaps(x_b, merged))
-    throw ShapeError("x: must not overlap the workspace");
-}
-
 // Rethrows the current gpt2 error with "batch sequence b: " before its message, same type.
 [[noreturn]] inline void rethrow_for_sequence(Index b) {
   const std::string prefix = "batch sequence " + std::to_string(b) + ": ";
@@ -167,152 +162,210 @@ void check_input_outside_workspace(const Workspace<T>& ws, Index rows, const Con
   }
 }
 
-// Whether one projection over the rows of several sequences gives every row the bits a projection
-// of its sequence alone gives: true for float at the vector levels (one chain of multiply-adds per
-// element, whatever the row count: kernels/dispatch.hpp). Eigen's GEMM and GEMV order their sums
-// by shape, so the generic level and double project sequence by sequence.
-template <class T>
-bool row_exact_projections() {
-  return vector_kernels<T>() != nullptr;
-}
+// Optional parts of the cache concept for batches: Cache::check_batch(B, at) and
+// Cache::begin_append_all(B, at, count) (a paged pool grows its sequences all or nothing).
+template <class C, class = void>
+struct AppendsTogether : std::false_type {};
+template <class C>
+struct AppendsTogether<C, std::void_t<decltype(&C::template check_batch<Index (*)(Index)>)>>
+    : std::true_type {};
 
-// Token rows the workspace needs for a cached batch: the longest sequence, and with row-exact
-// projections a group's rows.
-template <class T>
-Index batch_workspace_rows(const BatchLayout& batch) {
-  if (!row_exact_projections<T>()) return batch.max_length();
-  return std::max(batch.max_length(), std::min(batch.real_rows(), kBatchGroupRows));
-}
-
-// Sequences [b0, b1) of a batch (one sequence, or with row-exact projections several), whose
-// `rows` real rows fit the workspace, through the projections together: their x rows gathered into
-// ws.merged, one qkv projection into ws.qkv, then for each sequence with rows
-// step(b, qkv_b [n, 3C], merged_b [n, C], n_threads) (its keys and values stored, its heads
-// attended into merged_b: ws.merged, the gathered rows being read by then), one output projection
-// into ws.qkv's first C columns, and the rows scattered to out, padding zeroed. Every row gets the
-// bits a forward of its sequence alone gives (row-exact projections; the attention is per
-// sequence either way). The KVCache and the paged forwards differ only in their step.
-template <class T, class Step>
-void run_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x, const BatchLayout& batch,
-               Index b0, Index b1, Index rows, Workspace<T>& ws, MatrixRef<T>& out,
-               const Step& step) {
-  const Index C = w.n_embd();
-  if (rows == 0) {  // every sequence sits the step out: nothing to project (and an empty workspace
-    for (Index b = b0; b < b1; ++b) zero_padding<T>(batch, b, out);  // has no storage to view)
+// Sequences [b0, b1) of the batch (`rows` real rows, room in the workspace), their caches appended
+// already: their x rows gathered into ws.merged when there are several (else read in place), one
+// qkv projection, each sequence's keys and values stored and heads attended, one output
+// projection, the rows scattered to out and the padding zeroed.
+template <class T, class CacheAt>
+void run_group(const kernels::Kernels<T>& k, const Sublayer<T>& s, const ConstMatrixRef<T>& x,
+               const BatchLayout& batch, const CacheAt& cache_at, Index b0, Index b1, Index rows,
+               Workspace<T>& ws, MatrixRef<T>& out) {
+  if (rows == 0) {  // every sequence sits the step out
+    for (Index b = b0; b < b1; ++b) zero_padding<T>(batch, b, out);
     return;
   }
+  const Index C = s.n_embd, Ch = s.heads.n_embd;
   const int n_threads = forward_threads(ws);
-  MatrixRef<T> gathered = ws.merged.topRows(rows);
-  for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b)
-    gathered.middleRows(r, batch.length(b)) = x.middleRows(batch.first_row(b), batch.length(b));
-  MatrixRef<T> qkv = ws.qkv.topRows(rows);
-  const ConstMatrixRef<T> gathered_read = gathered;
-  qkv_parallel<T>(w, gathered_read, qkv, ws, n_threads);
-
+  const bool gather = b1 - b0 > 1;
   MatrixRef<T> merged = ws.merged.topRows(rows);
+  if (gather)
+    for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b)
+      merged.middleRows(r, batch.length(b)) = x.middleRows(batch.first_row(b), batch.length(b));
+  const ConstMatrixRef<T> xs = gather ? ConstMatrixRef<T>(merged) : x.middleRows(batch.first_row(b0), rows);
+  MatrixRef<T> qkv = ws.qkv.topRows(rows);
+  project_parallel<T>(k, xs, s.c_attn, 3 * Ch, qkv, ws, n_threads);  // xs is read by then
   const ConstMatrixRef<T> qkv_read = qkv;
   for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b) {
     const Index n = batch.length(b);
     if (n == 0) continue;
+    const ConstMatrixRef<T> qkv_b = qkv_read.middleRows(r, n);
     MatrixRef<T> merged_b = merged.middleRows(r, n);
-    step(b, ConstMatrixRef<T>(qkv_read.middleRows(r, n)), merged_b, n_threads);
+    auto&& cache = cache_at(b);
+    Index p = 0;
+    if constexpr (!std::is_same<std::decay_t<decltype(cache)>, NoCache>::value)
+      p = cache.head_pages(0).n_keys - n;
+    store_rows<T>(cache, s.heads, p, qkv_b);
+    attend_sequence<T>(k, s, qkv_b, cache, ws, merged_b, nullptr, n_threads);
   }
-
-  MatrixRef<T> projected = ws.qkv.topLeftCorner(rows, C);  // qkv is read by then
   const ConstMatrixRef<T> merged_read = merged;
-  proj_parallel<T>(w, merged_read, projected, ws, n_threads);
+  if (!gather) {
+    MatrixRef<T> out_b = out.middleRows(batch.first_row(b0), rows);
+    project_parallel<T>(k, merged_read, s.c_proj, C, out_b, ws, n_threads);
+    zero_padding<T>(batch, b0, out);
+    return;
+  }
+  MatrixRef<T> projected = ws.qkv.topLeftCorner(rows, C);  // qkv is read by then
+  project_parallel<T>(k, merged_read, s.c_proj, C, projected, ws, n_threads);
   for (Index b = b0, r = 0; b < b1; r += batch.length(b), ++b) {
     out.middleRows(batch.first_row(b), batch.length(b)) = projected.middleRows(r, batch.length(b));
     zero_padding<T>(batch, b, out);
   }
 }
 
-// run_group over KV caches (KVCache<T>, or KVCacheBF16 for float): each sequence's keys and values
-// appended to its cache, then attended.
-// appended: sequences whose caches have been appended to (all of 0 .. appended - 1).
-template <class T, class CacheAt>
-void run_cached_group(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                      const BatchLayout& batch, const CacheAt& caches, Index b0, Index b1,
-                      Index rows, Workspace<T>& ws, MatrixRef<T>& out, Index& appended) {
-  const Index C = w.n_embd();
-  run_group<T>(w, x, batch, b0, b1, rows, ws, out,
-               [&](Index b, const ConstMatrixRef<T>& qkv_b, MatrixRef<T>& merged_b, int n_threads) {
-                 auto& cache = caches(b);  // a KVCache<T> or a KVCacheBF16
-                 cache.append(qkv_b.middleCols(C, C), qkv_b.middleCols(2 * C, C));
-                 appended = b + 1;
-                 MatrixRef<T>* const no_probs = nullptr;
-                 attend_cached(w.config(), qkv_b, cache, ws, merged_b, no_probs, n_threads);
-               });
-  appended = b1;
-}
-
-// The batched cached forward; caches(b) is sequence b's KVCache<T>& (B of them).
-// Every check, for every sequence, runs before any cache changes.
-// distinct: the caches are known to be distinct objects (elements of one vector), so the O(B^2)
-// check for a cache given twice is skipped.
-template <class T, class CacheAt>
-void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                          const BatchLayout& batch, const CacheAt& caches, bool distinct,
-                          Workspace<T>& ws, MatrixRef<T>& out) {
-  const Index B = batch.batch();
-  check_batch_io<T>(batch, w.n_embd(), x, out);
-  check_workspace(w, ws);
-  Index max_keys = 0;
-  for (Index b = 0; b < B; ++b) {
-    auto& cache = caches(b);
-    for (Index a = 0; a < b && !distinct; ++a)
-      if (&caches(a) == &cache)
-        throw ShapeError("caches: sequences " + std::to_string(a) + " and " + std::to_string(b) +
-                         " share one KV cache");
-    const ConstMatrixRef<T> x_b = x.middleRows(batch.first_row(b), batch.length(b));
-    MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
-    try {
-      const MatrixRef<T>* const no_probs = nullptr;
-      check_cached_forward(w, x_b, cache, ws, out_b, no_probs);
-    } catch (...) {
-      rethrow_for_sequence(b);
-    }
-    max_keys = std::max(max_keys, cache.capacity());
-  }
-  const Index group_rows = batch_workspace_rows<T>(batch);
-  ws.reserve(group_rows, std::max(max_keys, group_rows));
-  for (Index b = 0; b < B; ++b)
-    if (batch.length(b) > 0) reserve_cache_scratch(ws, caches(b), batch.length(b), false);
-  for (Index b = 0; b < B; ++b) {
-    // Sequence by sequence, its real rows of out and the workspace rows its forward uses. With
-    // row-exact projections the groups use up to group_rows rows of it, read x's real rows after
-    // earlier groups have written out's rows (padding included): all of x and out must stay out.
-    const bool grouped = row_exact_projections<T>();
-    MatrixRef<T> out_b = grouped ? out.middleRows(b * batch.tokens(), batch.tokens())
-                                 : out.middleRows(batch.first_row(b), batch.length(b));
-    const Index used_rows = grouped ? group_rows : batch.length(b);
-    try {
-      check_workspace_overlap<T>(ws, used_rows, out_b, nullptr);
-      check_input_outside_workspace<T>(ws, used_rows,
-                                       x.middleRows(batch.first_row(b), batch.length(b)));
-    } catch (...) {
-      rethrow_for_sequence(b);
-    }
-  }
-
-  Index done = 0;  // caches 0 .. done - 1 have been appended to
+// The batched forward over caches cache_at(b) (a model of the cache concept, by reference or a
+// view by value; NoCache: none), for any sublayer S. Every check, for every sequence, runs (and,
+// for a shard, every rank agrees) before any cache changes; if anything throws after the caches
+// grew, they are rolled back.
+template <class T, class S, class CacheAt>
+void batch_forward(const S& sublayer, const ConstMatrixRef<T>& x, const BatchLayout& batch,
+                   const CacheAt& cache_at, Workspace<T>& ws, MatrixRef<T>& out) {
+  using Traits = SublayerTraits<S>;
+  using Cache = std::decay_t<decltype(cache_at(Index(0)))>;
+  constexpr bool cached = !std::is_same<Cache, NoCache>::value;
+  const Sublayer<T> s = Traits::of(sublayer);
+  const kernels::Kernels<T>& k = kernels::table<T>();
+  const Index B = batch.batch(), C = s.n_embd;
+  // one projection for several sequences: rows exact, and room in merged for their x rows (not
+  // a shard's: its heads are narrower than x; it projects sequence by sequence)
+  const bool grouped = k.row_exact && s.heads.n_embd >= C;
+  const Index group_rows = grouped ? std::max(batch.max_length(),
+                                              std::min(batch.real_rows(), kBatchGroupRows))
+                                   : batch.max_length();
+  Index appended = 0, past = 0;  // caches 0 .. appended - 1 have grown
+  if constexpr (cached)
+    for (Index b = 0; b < B; ++b) past += cache_at(b).n_past();
+  const auto roll_back = [&] {
+    if constexpr (cached)
+      for (Index b = 0; b < appended; ++b) {
+        auto&& cache = cache_at(b);
+        cache.rollback(cache.head_pages(0).n_keys - batch.length(b));
+      }
+  };
   try {
-    // Groups of consecutive sequences with at most group_rows real rows; one sequence per group
-    // unless the projections are row-exact (the copies in and out of the workspace then cost
-    // 2 [n, C] copies per sequence, next to its [n, C] x [C, 4C] of projections).
-    while (done < B) {
-      const Index b0 = done;
-      Index b1 = b0, rows = 0;
-      while (b1 < B && (b1 == b0 || (row_exact_projections<T>() &&
-                                     rows + batch.length(b1) <= group_rows)))
-        rows += batch.length(b1++);
-      run_cached_group<T>(w, x, batch, caches, b0, b1, rows, ws, out, done);
-    }
-  } catch (...) {  // not expected after the checks; run_cached_group counts a sequence in `done`
-    // as soon as its cache is appended to
-    for (Index b = 0; b < done; ++b) caches(b).truncate(caches(b).n_past() - batch.length(b));
+    Traits::agree(
+        sublayer,
+        [&] {
+          check_batch_io<T>(batch, C, x, out);
+          check_heads(s, "workspace", ws.config());
+          Index max_keys = 0;
+          for (Index b = 0; b < B; ++b) {
+            const Index n = batch.length(b);
+            try {
+              if constexpr (cached) {
+                auto&& cache = cache_at(b);
+                check_heads(s, Cache::label(), cache.config());
+                cache.check_append(n);
+                cache.check_disjoint("out", out.middleRows(batch.first_row(b), n));
+                max_keys = std::max(max_keys, keys_to_reserve(cache, n, 0));
+              }
+            } catch (...) {
+              rethrow_for_sequence(b);
+            }
+          }
+          if constexpr (AppendsTogether<Cache>::value) Cache::check_batch(B, cache_at);
+          reserve_for(s, group_rows, std::max(max_keys, group_rows), ws);
+          for (Index b = 0; b < B; ++b) {
+            // With groups, rows of ws are written while later sequences' x is still to be read, and
+            // out's rows (padding included) are written group by group: all of x and out stay out.
+            const MatrixRef<T> out_b = grouped ? out.middleRows(b * batch.tokens(), batch.tokens())
+                                               : out.middleRows(batch.first_row(b), batch.length(b));
+            const Index used = grouped ? group_rows : batch.length(b);
+            try {
+              check_workspace_overlap<T>(ws, used, out_b, nullptr);
+              const ConstMatrixRef<T> x_b = x.middleRows(batch.first_row(b), batch.length(b));
+              if (used > 0 && (overlaps(x_b, ws.qkv.topRows(used)) ||
+                               overlaps(x_b, ws.merged.topRows(used))))
+                throw ShapeError("x: must not overlap the workspace");
+            } catch (...) {
+              rethrow_for_sequence(b);
+            }
+          }
+          if constexpr (AppendsTogether<Cache>::value) {  // all or nothing
+            Cache::begin_append_all(B, cache_at, [&](Index b) { return batch.length(b); });
+            appended = B;
+          } else if constexpr (cached) {
+            for (; appended < B; ++appended) cache_at(appended).begin_append(batch.length(appended));
+          }
+        },
+        CallShape()
+            .add("the call", cached ? 4 : 3)
+            .add("the batch size (B)", B)
+            .add("the padded length (T)", batch.tokens())
+            .add("the real rows (sum of lengths)", batch.real_rows())
+            .add("the cached positions (sum of n_past)", past));
+  } catch (...) {
+    roll_back();
     throw;
   }
+  try {
+    for (Index done = 0; done < B;) {  // groups of consecutive sequences
+      const Index b0 = done;
+      Index b1 = b0, rows = 0;
+      while (b1 < B && (b1 == b0 || (grouped && rows + batch.length(b1) <= group_rows)))
+        rows += batch.length(b1++);
+      run_group<T>(k, s, x, batch, cache_at, b0, b1, rows, ws, out);
+      done = b1;
+    }
+    Traits::all_reduce(sublayer, out);
+  } catch (...) {  // not expected after the checks
+    roll_back();
+    throw;
+  }
+}
+
+// The batch's caches as cache_at(b), from a vector of caches, a vector of pointers or an array of B
+// pointers (null entries and a cache given twice are errors).
+// Errors name the caches as their kind does: KV caches, or paged sequences.
+template <class C>
+bool paged_kind() {
+  return std::string(C::label()) == "sequence";
+}
+template <class C>
+void check_pointers(C* const* caches, Index B) {
+  const bool paged = paged_kind<C>();
+  for (Index b = 0; b < B; ++b) {
+    if (caches[b] == nullptr)
+      throw ShapeError(std::string(paged ? "sequences" : "caches") + ": entry " +
+                       std::to_string(b) + " is null");
+    for (Index a = 0; a < b; ++a)
+      if (caches[a] == caches[b])
+        throw ShapeError(paged ? "sequences: entries " + std::to_string(a) + " and " +
+                                     std::to_string(b) + " are the same paged sequence"
+                               : "caches: sequences " + std::to_string(a) + " and " +
+                                     std::to_string(b) + " share one KV cache");
+  }
+}
+template <class C>
+void check_count(std::size_t n, Index B) {
+  if (static_cast<Index>(n) == B) return;
+  if (paged_kind<C>())
+    throw ShapeError("sequences: expected one paged sequence per sequence of the batch (" +
+                     std::to_string(B) + "), got " + std::to_string(n));
+  throw ShapeError("caches: expected one KV cache per sequence (" + std::to_string(B) + "), got " +
+                   std::to_string(n));
+}
+template <class C, class A, class F, std::enable_if_t<IsKVCache<C>::value, int> = 0>
+void with_caches(std::vector<C, A>& caches, Index B, const F& f) {
+  check_count<C>(caches.size(), B);
+  f([&](Index b) -> C& { return caches[static_cast<std::size_t>(b)]; });
+}
+template <class C, class F>
+void with_caches(C* const* caches, Index B, const F& f) {
+  check_pointers(caches, B);
+  f([=](Index b) -> C& { return *caches[b]; });
+}
+template <class C, class A, class F>
+void with_caches(const std::vector<C*, A>& caches, Index B, const F& f) {
+  check_count<C>(caches.size(), B);
+  with_caches(caches.data(), B, f);
 }
 
 }  // namespace detail
@@ -320,124 +373,55 @@ void batch_forward_cached(const AttentionWeights<T>& w, const ConstMatrixRef<T>&
 // out = GPT-2 attention sublayer of each sequence of a padded batch, independently.
 //   x [B * T, C] (read; row-major [B, T, C]; padded rows may hold anything, NaN included)
 //   batch: B, T and each sequence's real rows
-//   ws: scratch (grown to the longest sequence if smaller)
+//   ws: scratch (grown if smaller)
 //   out [B * T, C] (written; padded rows exactly 0; may be the same storage as x)
 // PyTorch (HF): GPT2Attention(x, attention_mask=mask) on the real rows; 0 on the padded ones.
-template <class T, class D>
-void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x_in,
+template <class T, template <class> class S, class D,
+          std::enable_if_t<detail::SublayerTraits<S<T>>::kIsSublayer, int> = 0>
+void attention_forward(const S<T>& sublayer, const Eigen::MatrixBase<D>& x,
                        const BatchLayout& batch, Workspace<T>& ws, MatrixRef<T> out) {
-  const ConstMatrixRef<T> x = detail::as_view<T>(x_in);
-  detail::check_batch_io<T>(batch, w.n_embd(), x, out);
-  detail::check_workspace(w, ws);
-  ws.reserve(batch.max_length());
-  for (Index b = 0; b < batch.batch(); ++b) {
-    MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
-    try {
-      detail::check_workspace_overlap<T>(ws, batch.length(b), out_b, nullptr);
-    } catch (...) {
-      detail::rethrow_for_sequence(b);
-    }
-  }
-  for (Index b = 0; b < batch.batch(); ++b) {
-    MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
-    detail::attention_forward<T>(w, x.middleRows(batch.first_row(b), batch.length(b)), ws, out_b,
-                                 nullptr);
-    detail::zero_padding<T>(batch, b, out);
-  }
+  detail::batch_forward<T>(sublayer, detail::as_view<T>(x), batch,
+                           [](Index) { return detail::NoCache(); }, ws, out);
 }
 
-namespace detail {
-
-// The three ways of passing a batch's caches, for either cache type (the public overloads below).
-template <class T, class Cache>
-void batch_forward_vector(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                          const BatchLayout& batch, std::vector<Cache>& caches, Workspace<T>& ws,
-                          MatrixRef<T>& out) {
-  if (static_cast<Index>(caches.size()) != batch.batch())
-    throw ShapeError("caches: expected one KV cache per sequence (" +
-                     std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
-  batch_forward_cached<T>(
-      w, x, batch, [&](Index b) -> Cache& { return caches[static_cast<std::size_t>(b)]; }, true,
-      ws, out);
-}
-template <class T, class Cache>
-void batch_forward_pointers(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                            const BatchLayout& batch, Cache* const* caches, Workspace<T>& ws,
-                            MatrixRef<T>& out) {
-  for (Index b = 0; b < batch.batch(); ++b)
-    if (caches[b] == nullptr) throw ShapeError("caches: entry " + std::to_string(b) + " is null");
-  batch_forward_cached<T>(w, x, batch, [&](Index b) -> Cache& { return *caches[b]; }, false, ws,
-                          out);
-}
-template <class T, class Cache>
-void batch_forward_pointer_vector(const AttentionWeights<T>& w, const ConstMatrixRef<T>& x,
-                                  const BatchLayout& batch, const std::vector<Cache*>& caches,
-                                  Workspace<T>& ws, MatrixRef<T>& out) {
-  if (static_cast<Index>(caches.size()) != batch.batch())
-    throw ShapeError("caches: expected one KV cache per sequence (" +
-                     std::to_string(batch.batch()) + "), got " + std::to_string(caches.size()));
-  batch_forward_pointers<T, Cache>(w, x, batch, caches.data(), ws, out);
-}
-
-}  // namespace detail
-
-// Batched incremental forward: sequence b's real rows are its next positions, appended to
-// caches[b] and attending to everything cached there (each sequence has its own n_past).
-//   x [B * T, C], out [B * T, C] as above; caches: B distinct caches, one per sequence
+// Batched forward through KV caches: sequence b's real rows are its next positions, appended to
+// its cache and attending to everything cached there (each sequence has its own n_past).
+//   caches: one per sequence, distinct: a std::vector of caches, or of pointers to them, or an
+//   array of B pointers (e.g. one layer's column of a [B][n_layer] table); any cache type
+//   (KVCache<float|double|bfloat16>, PagedSequence of a one-layer pool: a paged batch grows all
+//   its sequences together, one pool per batch)
 // A sequence of length 0 (finished, or waiting) leaves its cache alone. If any sequence's tokens
-// do not fit its cache (CapacityError) or anything else is wrong, no cache changes.
-// Batched decode: T = 1, every length 1 (or 0). With the AVX-512 float kernel the real rows of up
-// to 256 sequences (kBatchGroupRows rows, or the longest sequence's if more) go through each
-// projection together, so a decode step reads the weights once for up to 256 sequences; each row
-// still gets the bits its sequence alone would. ws needs room for R = max(longest sequence,
-// min(real rows, 256)) tokens and max(R, largest cache capacity) keys; it grows on the first call
-// if smaller (e.g. Workspace(config, std::min<Index>(B, 256), std::max<Index>(..., capacity)) for
-// B decoding sequences), then allocates nothing. x and out (padding included) must not overlap it.
-template <class T, class D>
-void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, std::vector<KVCache<T>>& caches,
-                       Workspace<T>& ws, MatrixRef<T> out) {
-  detail::batch_forward_vector<T, KVCache<T>>(w, detail::as_view<T>(x), batch, caches, ws, out);
-}
-
-// Same, with the caches held elsewhere: caches[b] points at sequence b's cache, for the
-// batch.batch() entries of a plain array (e.g. one layer's column of a [B][n_layer] table).
-template <class T, class D>
-void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, KVCache<T>* const* caches, Workspace<T>& ws,
+// do not fit (CapacityError) or anything else is wrong, no cache changes. Batched decode: T = 1,
+// every length 1 (or 0). ws needs room for R = max(longest sequence, min(real rows, 256)) tokens
+// and the caches' capacities in keys; it grows on the first call if smaller, then allocates
+// nothing. x and out (padding included) must not overlap it.
+template <class T, template <class> class S, class D, class Caches,
+          std::enable_if_t<detail::SublayerTraits<S<T>>::kIsSublayer, int> = 0>
+void attention_forward(const S<T>& sublayer, const Eigen::MatrixBase<D>& x,
+                       const BatchLayout& batch, Caches&& caches, Workspace<T>& ws,
                        MatrixRef<T> out) {
-  detail::batch_forward_pointers<T, KVCache<T>>(w, detail::as_view<T>(x), batch, caches, ws, out);
+  detail::with_caches(caches, batch.batch(), [&](const auto& cache_at) {
+    detail::batch_forward<T>(sublayer, detail::as_view<T>(x), batch, cache_at, ws, out);
+  });
 }
 
-// Same, with a vector of B pointers.
-template <class T, class D>
-void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, const std::vector<KVCache<T>*>& caches,
-                       Workspace<T>& ws, MatrixRef<T> out) {
-  detail::batch_forward_pointer_vector<T, KVCache<T>>(w, detail::as_view<T>(x), batch, caches, ws,
-                                                      out);
-}
-
-// The same three through bf16 KV caches (KVCacheBF16, float only): each sequence's rows get the
-// bits its forward through its own cache alone gives.
-template <class T, class D, std::enable_if_t<std::is_same<T, float>::value, int> = 0>
-void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, std::vector<KVCacheBF16>& caches,
-                       Workspace<T>& ws, MatrixRef<T> out) {
-  detail::batch_forward_vector<T, KVCacheBF16>(w, detail::as_view<T>(x), batch, caches, ws, out);
-}
-template <class T, class D, std::enable_if_t<std::is_same<T, float>::value, int> = 0>
-void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, KVCacheBF16* const* caches, Workspace<T>& ws,
+// Layer `layer` of a batched model step, every paged sequence grown already for it: sequence b's
+// real rows are its last batch.length(b) positions. seqs: a vector of pointers or an array of B.
+template <class T, template <class> class S, class D, class Seqs,
+          std::enable_if_t<detail::SublayerTraits<S<T>>::kIsSublayer, int> = 0>
+void attention_forward(const S<T>& sublayer, const Eigen::MatrixBase<D>& x,
+                       const BatchLayout& batch, Seqs&& seqs, Index layer, Workspace<T>& ws,
                        MatrixRef<T> out) {
-  detail::batch_forward_pointers<T, KVCacheBF16>(w, detail::as_view<T>(x), batch, caches, ws, out);
-}
-template <class T, class D, std::enable_if_t<std::is_same<T, float>::value, int> = 0>
-void attention_forward(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, const std::vector<KVCacheBF16*>& caches,
-                       Workspace<T>& ws, MatrixRef<T> out) {
-  detail::batch_forward_pointer_vector<T, KVCacheBF16>(w, detail::as_view<T>(x), batch, caches,
-                                                       ws, out);
+  detail::with_caches(seqs, batch.batch(), [&](const auto& seq_at) {
+    detail::batch_forward<T>(
+        sublayer, detail::as_view<T>(x), batch,
+        [&](Index b) {
+          auto& seq = seq_at(b);
+          return PagedLayer<typename std::decay_t<decltype(seq)>::Storage>(seq, layer,
+                                                                            batch.length(b));
+        },
+        ws, out);
+  });
 }
 
 }  // namespace gpt2

@@ -35,6 +35,18 @@ struct AttentionConfig {
   static AttentionConfig gpt2_xl() { return {1600, 25}; }
 };
 
+namespace detail {
+
+// ShapeError unless h is a head of config (validated first).
+inline void check_head(const AttentionConfig& config, Index h) {
+  config.validate();
+  if (h < 0 || h >= config.n_head)
+    throw ShapeError("head: expected an index in [0, " + std::to_string(config.n_head) +
+                     "), got " + std::to_string(h));
+}
+
+}  // namespace detail
+
 // A validated config. Throws ConfigError naming the bad value.
 inline AttentionConfig make_config(Index n_embd, Index n_head) {
   AttentionConfig config{n_embd, n_head};

@@ -1,20 +1,40 @@
-// KVCache<T>: the keys and values of the positions a sequence has already been through, for one
+// KV caches: the keys and values of the positions a sequence has already been through, for one
 // layer, so that a forward over new tokens attends to them without recomputing them.
 //
-// Layout: per head, contiguous: keys [n_head][capacity][head_dim], values likewise (Hugging
-// Face's past_key_values order, [n_head, n_past, head_dim] per sequence). Why: a decode step reads
-// every cached key and value of a head once; with head h's n_past rows back to back that read is
-// one contiguous stream of n_past * head_dim scalars, the score product q k^T is a plain
-// matrix-vector product over it, and appending a token writes n_head short rows. (The qkv layout
-// [capacity, C] would make every head's read a strided walk over all heads' data.)
+// The cache concept. The forwards (sublayer.hpp, batch.hpp) take any cache type C that has:
+//   C::Scalar, C::Element      the forwards' scalar (float or double) and what the cache stores
+//                              (Scalar, or std::uint16_t: bfloat16 bits)
+//   config()                   n_embd and n_head of its heads (the weights' heads)
+//   n_past()                   positions held (before a forward: its new rows' first position)
+//   check_append(n)            throws CapacityError / ShapeError unless n more positions can be
+//                              appended; changes nothing
+//   begin_append(n) -> p       counts n more positions as held, from p = n_past() on (their rows
+//                              are written next); may throw CapacityError, nothing changed
+//   write_head(h, p, k, v)     head h's rows of positions p .. p + n - 1 from k, v [n, C] (every
+//                              head's rows side by side: a qkv matrix's k and v blocks), stored as
+//                              Element; distinct heads may be written on different threads
+//   rollback(p)                back to p positions (undoes begin_append)
+//   head_pages(h)              HeadPages<Element>: head h's keys and values in pages, as the fused
+//                              core reads them (kernels/attention_tile.hpp)
+//   check_disjoint(what, view) ShapeError "<what>: must not overlap the ..." when a matrix view
+//                              overlaps its storage
+//   label()                    how errors name it ("cache", "sequence")
+// Models: KVCache<S> (below; S = float, double or bfloat16), PagedSequence<S> and PagedLayer<S>
+// (paged_kv_cache.hpp). A new storage type is one more model, not another forward.
 //
-// Float and bf16 caches also keep every key a second time, transposed in blocks of 64 positions
-// (transposed_key_blocks(h)): a decode step's scores run over the keys with the positions in the
-// vector lanes (kernels/attention_tile.hpp), and from the rows the kernels would transpose every
-// block in registers, reading each row 16 times in 64-byte pieces; from the blocks they stream
-// them. The keys are kept twice: bytes() adds n_head * ceil(capacity / 64) * 64 * head_dim elements
-// to the keys and values (1.5x them for a capacity well above 64; more for small ones: 65
-// positions take two blocks).
+// KVCache<S>'s layout: per head, contiguous: keys [n_head][capacity][head_dim], values likewise
+// (Hugging Face's past_key_values order): a decode step reads each head's cached keys and values as
+// one stream each, and appending writes n_head short rows. Float and bf16 caches also keep every
+// key a second time, transposed in blocks of 64 positions (transposed_key_blocks(h)): the vector
+// levels' decode steps then stream the keys with the positions in the vector lanes instead of
+// transposing rows (bytes() counts them: n_head * ceil(capacity / 64) * 64 * head_dim more
+// elements).
+//
+// KVCache<bfloat16> (KVCacheBF16) holds keys and values in bfloat16, for float forwards: half the
+// bytes of a KVCache<float>. Each key and value is rounded to bf16 once, as it is appended
+// (nearest, ties to even); the attention reads them widened (exact), so a forward through it gives
+// bitwise what the same forward gives through a KVCache<float> holding the rounded values, and any
+// chunking of a sequence gives the same bits (docs/bf16.md).
 #pragma once
 
 #include <algorithm>
@@ -23,85 +43,78 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "gpt2/config.hpp"
 #include "gpt2/detail/aligned_matrix.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/kernels/attention_tile.hpp"
+#include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
 
+// The storage type of caches that hold keys and values in bfloat16 (for float forwards):
+// KVCache<bfloat16>, KVBlockPool<bfloat16>, PagedSequence<bfloat16>.
+struct bfloat16 {};
+
 namespace detail {
 
-// What KVCache<T> and KVCacheBF16 (kv_cache_bf16.hpp) share: keys and values [n_head, capacity,
-// head_dim] of element type E, as [n_head * capacity, head_dim] row-major matrices (head h's
-// position p at row h * capacity + p), the count of cached positions and the bookkeeping around
-// it. The caches add what differs: how a key or value is stored (copied, or rounded to bf16) and
-// how it is read back. Allocates only in its constructor.
-template <class E>
-class KVStorage {
+// What a cache of storage type S stores and how: Scalar (the forwards' type), Element (what its
+// memory holds), put (a row of Scalar stored as Element).
+template <class S>
+struct KVStorageTraits {
+  static_assert(std::is_same<S, float>::value || std::is_same<S, double>::value,
+                "gpt2: a KV cache stores float, double or bfloat16");
+  using Scalar = S;
+  using Element = S;
+  static void put(const S* src, Index n, S* dst) { std::copy_n(src, n, dst); }
+};
+template <>
+struct KVStorageTraits<bfloat16> {
+  using Scalar = float;
+  using Element = std::uint16_t;
+  static void put(const float* src, Index n, std::uint16_t* dst) {
+    for (Index d = 0; d < n; ++d) dst[d] = kernels::round_to_bf16(src[d]);
+  }
+};
+
+// CapacityError unless n_past + count <= capacity (count >= 0).
+inline void check_room(Index n_past, Index count, Index capacity) {
+  if (count < 0 || count > capacity - n_past)
+    throw CapacityError("KV cache: " + std::to_string(n_past) + " cached + " +
+                        std::to_string(count) + " new tokens exceed its capacity of " +
+                        std::to_string(capacity) + " tokens");
+}
+
+inline Index check_head_index(Index h, Index n_head) {
+  if (h < 0 || h >= n_head)
+    throw ShapeError("head: expected an index in [0, " + std::to_string(n_head) + "), got " +
+                     std::to_string(h));
+  return h;
+}
+
+}  // namespace detail
+
+// Owns keys and values [n_head, capacity, head_dim] of storage type S (float, double, bfloat16);
+// rows 0 .. n_past - 1 of each head are the cached positions. Allocates only in its constructor and
+// in copy(). Not thread-safe: one sequence, one thread at a time. Copying is explicit (copy(),
+// copy_from()): a cache is megabytes. Moving leaves the source empty (capacity 0).
+template <class S>
+class KVCache {
+  using Traits = detail::KVStorageTraits<S>;
+
  public:
-  using Storage = AlignedMatrix<E>;  // 64-byte aligned (detail/aligned_matrix.hpp)
-  // Whether the keys are also kept in transposed blocks: float32 and bf16 bits (the vector levels'
-  // decode kernels read them); not double (the generic level's, which reads rows).
-  static constexpr bool kKeepsKeyBlocks = !std::is_same<E, double>::value;
+  using Scalar = typename Traits::Scalar;    // the forwards' scalar
+  using Element = typename Traits::Element;  // what the storage holds
   static constexpr Index kKeyBlock = kernels::kKeyBlock;
+  // Whether the keys are also kept in transposed blocks: float and bf16 (the vector levels' decode
+  // steps read them); not double (the generic level's, which reads rows).
+  static constexpr bool kKeepsKeyBlocks = !std::is_same<Element, double>::value;
 
-  const AttentionConfig& config() const { return config_; }
-  Index capacity() const { return capacity_; }          // positions it has room for in all
-  Index n_past() const { return n_past_; }              // positions cached
-  // Bytes of the key and value storage (allocated in full by the constructor), the transposed key
-  // blocks included.
-  Index bytes() const {
-    return (keys_.size() + values_.size() + keys_t_.size()) * static_cast<Index>(sizeof(E));
-  }
-  Index remaining() const { return capacity_ - n_past_; }  // positions that still fit
-
-  // Forgets every position (keeps the storage).
-  void reset() { n_past_ = 0; }
-
-  // Keeps the first n positions and forgets the rest, 0 <= n <= n_past (e.g. to roll back
-  // rejected speculative tokens).
-  void truncate(Index n) {
-    if (n < 0 || n > n_past_)
-      throw ShapeError("truncate: expected a length in [0, " + std::to_string(n_past_) +
-                       "] (the cached positions), got " + std::to_string(n));
-    n_past_ = n;
-  }
-
-  // Throws CapacityError unless `count` more positions fit. Changes nothing.
-  void check_room(Index count) const {
-    if (count < 0 || count > remaining())
-      throw CapacityError("KV cache: " + std::to_string(n_past_) + " cached + " +
-                          std::to_string(count) + " new tokens exceed its capacity of " +
-                          std::to_string(capacity_) + " tokens");
-  }
-
-  // The whole storage of keys / values [n_head * capacity, head_dim] (row h*capacity + p holds
-  // head h's position p), read-only views into the cache (valid while it is neither moved from nor
-  // destroyed): for overlap checks and inspection. Rows from n_past on are free space (they may
-  // hold what a rolled-back forward wrote). Fill the cache with append().
-  ConstMatrixRef<E> key_storage() const { return keys_.map(); }
-  ConstMatrixRef<E> value_storage() const { return values_.map(); }
-
-  // Head h's cached keys transposed in blocks of kKeyBlock positions: block b (positions 64 b ..
-  // 64 b + 63) at transposed_key_blocks(h) + b * head_dim * kKeyBlock, [head_dim][kKeyBlock]
-  // row-major (element (d, j) is head h's key 64 b + j, component d). Positions from n_past on
-  // hold zeros or what a rolled-back forward wrote. Null for a double cache (which keeps none).
-  const E* transposed_key_blocks(Index h) const {
-    if constexpr (!kKeepsKeyBlocks) {
-      (void)check_head(h);
-      return nullptr;
-    } else {
-      return keys_t_.data() + check_head(h) * key_blocks() * config_.head_dim() * kKeyBlock;
-    }
-  }
-
- protected:
-  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements, and the transposed
-  // key blocks (n_head * ceil(max_tokens / 64) * 64 * head_dim; none for double).
-  KVStorage(const AttentionConfig& config, Index max_tokens) : config_(config) {
+  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements, and the
+  // transposed key blocks.
+  KVCache(const AttentionConfig& config, Index max_tokens) : config_(config) {
     config_.validate();
     if (max_tokens < 0)
       throw ShapeError("max_tokens: expected a non-negative count, got " +
@@ -118,42 +131,47 @@ class KVStorage {
     } else {
       keys_t_.resize(0, kKeyBlock);
     }
+    pages_.resize(2 * static_cast<std::size_t>(config_.n_head));
+    for (Index h = 0; h < config_.n_head; ++h) {
+      pages_[2 * static_cast<std::size_t>(h)] = keys_.data() + h * capacity_ * config_.head_dim();
+      pages_[2 * static_cast<std::size_t>(h) + 1] =
+          values_.data() + h * capacity_ * config_.head_dim();
+    }
   }
 
-  // No implicit copies (a cache is megabytes): the caches' copy() and copy_from() are the
-  // explicit ones.
-  KVStorage(const KVStorage&) = delete;
-  KVStorage& operator=(const KVStorage&) = delete;
-  // Moving leaves the source empty (capacity 0, nothing cached).
-  KVStorage(KVStorage&& other) noexcept
+  KVCache(KVCache&& other) noexcept
       : config_(other.config_),
         capacity_(std::exchange(other.capacity_, 0)),
         n_past_(std::exchange(other.n_past_, 0)),
         keys_(std::move(other.keys_)),
         values_(std::move(other.values_)),
-        keys_t_(std::move(other.keys_t_)) {}  // (the storages leave other's 0 x their width)
-  KVStorage& operator=(KVStorage&& other) noexcept {
+        keys_t_(std::move(other.keys_t_)),
+        pages_(std::move(other.pages_)) {}
+  KVCache& operator=(KVCache&& other) noexcept {
     if (&other != this) {
       config_ = other.config_;
       capacity_ = std::exchange(other.capacity_, 0);
       n_past_ = std::exchange(other.n_past_, 0);
       keys_ = std::move(other.keys_);
       values_ = std::move(other.values_);
-      keys_t_ = std::move(other.keys_t_);  // (our old storage freed; other's left 0 x width)
+      keys_t_ = std::move(other.keys_t_);
+      pages_ = std::move(other.pages_);
     }
     return *this;
   }
-  ~KVStorage() = default;
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
 
-  // Head h's cached keys / values [n_past, head_dim] (views into the storage).
-  ConstMatrixRef<E> head_keys(Index h) const { return block(keys_, check_head(h)).topRows(n_past_); }
-  ConstMatrixRef<E> head_values(Index h) const {
-    return block(values_, check_head(h)).topRows(n_past_);
+  // A deep copy (allocates a cache of the same capacity; copies the n_past cached rows).
+  KVCache copy() const {
+    KVCache c(config_, capacity_);
+    c.copy_from(*this);
+    return c;
   }
 
-  // This storage made to hold what `other` holds, reusing it (no allocation). Needs the same
-  // config and a capacity of at least other.n_past().
-  void copy_rows_from(const KVStorage& other) {
+  // Makes this cache hold what `other` holds, reusing this cache's storage (no allocation), e.g. to
+  // fork a beam. Needs the same config and a capacity of at least other.n_past().
+  void copy_from(const KVCache& other) {
     if (&other == this) return;
     if (other.config_.n_embd != config_.n_embd || other.config_.n_head != config_.n_head)
       throw ConfigError("copy_from: the source cache: expected n_embd " +
@@ -167,94 +185,170 @@ class KVStorage {
     const Index hd = config_.head_dim();
     const Index used = (other.n_past_ + kKeyBlock - 1) / kKeyBlock * hd * kKeyBlock;
     for (Index h = 0; h < config_.n_head; ++h) {
-      block(keys_, h).topRows(other.n_past_) = other.head_keys(h);
-      block(values_, h).topRows(other.n_past_) = other.head_values(h);
+      block(keys_, h).topRows(other.n_past_) = other.keys(h);
+      block(values_, h).topRows(other.n_past_) = other.values(h);
       if constexpr (kKeepsKeyBlocks)
         std::copy_n(other.transposed_key_blocks(h), used, key_blocks_of(h));
     }
     n_past_ = other.n_past_;
   }
 
-  // Appends positions n_past .. n_past + n - 1 from k, v [n, C] (every head's rows side by side,
-  // head h at columns h * head_dim: the k and v blocks of a qkv matrix), each row of head_dim
-  // scalars stored by put(src, head_dim, dst). CapacityError (nothing changed) when they do not
-  // fit. Allocates nothing.
-  template <class S, class Put>
-  void append_rows(const ConstMatrixRef<S>& k, const ConstMatrixRef<S>& v, Put put) {
+  const AttentionConfig& config() const { return config_; }
+  Index capacity() const { return capacity_; }             // positions it has room for in all
+  Index n_past() const { return n_past_; }                 // positions cached
+  Index remaining() const { return capacity_ - n_past_; }  // positions that still fit
+  // Bytes of the key and value storage (allocated in full by the constructor), the transposed key
+  // blocks included.
+  Index bytes() const {
+    return (keys_.size() + values_.size() + keys_t_.size()) * static_cast<Index>(sizeof(Element));
+  }
+
+  // Forgets every position (keeps the storage).
+  void reset() { n_past_ = 0; }
+
+  // Keeps the first n positions and forgets the rest, 0 <= n <= n_past (e.g. to roll back
+  // rejected speculative tokens).
+  void truncate(Index n) {
+    if (n < 0 || n > n_past_)
+      throw ShapeError("truncate: expected a length in [0, " + std::to_string(n_past_) +
+                       "] (the cached positions), got " + std::to_string(n));
+    n_past_ = n;
+  }
+
+  // Throws CapacityError unless `count` more positions fit. Changes nothing.
+  void check_room(Index count) const { detail::check_room(n_past_, count, capacity_); }
+
+  // Head h's cached keys / values [n_past, head_dim] (views into the cache, valid until it is moved
+  // from or destroyed; bf16 bits for a bf16 cache).
+  ConstMatrixRef<Element> keys(Index h) const { return block(keys_, check_head(h)).topRows(n_past_); }
+  ConstMatrixRef<Element> values(Index h) const {
+    return block(values_, check_head(h)).topRows(n_past_);
+  }
+
+  // A bf16 cache's keys / values of head h widened to float (exact): new matrices (allocate; for
+  // inspection and tests: the forwards read the bits in place).
+  RowMatrix<Scalar> widened_keys(Index h) const { return widened(keys(h)); }
+  RowMatrix<Scalar> widened_values(Index h) const { return widened(values(h)); }
+
+  // The whole storage of keys / values [n_head * capacity, head_dim] (row h * capacity + p holds
+  // head h's position p): for overlap checks and inspection. Rows from n_past on are free space.
+  ConstMatrixRef<Element> key_storage() const { return keys_.map(); }
+  ConstMatrixRef<Element> value_storage() const { return values_.map(); }
+
+  // Head h's keys transposed in blocks of kKeyBlock positions: block b (positions 64 b .. 64 b +
+  // 63) at transposed_key_blocks(h) + b * head_dim * kKeyBlock, [head_dim][kKeyBlock] row-major.
+  // Null for a double cache (which keeps none).
+  const Element* transposed_key_blocks(Index h) const {
+    check_head(h);
+    if constexpr (!kKeepsKeyBlocks)
+      return nullptr;
+    else
+      return keys_t_.data() + h * key_blocks() * config_.head_dim() * kKeyBlock;
+  }
+
+  // Appends positions n_past .. n_past + n - 1:
+  //   k, v [n, C]: every head's key (value) rows side by side, head h at columns h*head_dim, i.e.
+  //   the k (v) block of a qkv matrix: qkv.middleCols(C, C) (qkv.middleCols(2 * C, C)).
+  // Throws CapacityError (cache unchanged) when they do not fit. Allocates nothing.
+  template <class DK, class DV>
+  void append(const Eigen::MatrixBase<DK>& k_in, const Eigen::MatrixBase<DV>& v_in) {
+    const ConstMatrixRef<Scalar> k = detail::as_view<Scalar>(k_in), v = detail::as_view<Scalar>(v_in);
     const Index n = k.rows(), C = config_.n_embd;
-    check_shape("k", {n, C}, {k.rows(), k.cols()});
-    check_shape("v", {n, C}, {v.rows(), v.cols()});
+    detail::check_shape("k", {n, C}, {k.rows(), k.cols()});
+    detail::check_shape("v", {n, C}, {v.rows(), v.cols()});
     check_room(n);
-    for (Index h = 0; h < config_.n_head; ++h) put_head_rows<S>(h, n_past_, k, v, put);
+    for (Index h = 0; h < config_.n_head; ++h) write_head(h, n_past_, k, v);
     n_past_ += n;
   }
 
-  // append_rows in two steps, for a forward that writes the heads on several threads: grow(n)
-  // counts n more positions as cached (CapacityError, nothing changed, when they do not fit), then
-  // put_head_rows(h, p, k, v, put) writes head h's rows of positions p .. p + n - 1 from k, v
-  // [n, C] (shapes checked by the caller), heads on any threads. Until a head's rows are written
-  // they hold whatever was there: nothing may read them before.
-  void grow(Index n) {
-    check_room(n);
-    n_past_ += n;
-  }
-  template <class S, class Put>
-  void put_head_rows(Index h, Index p, const ConstMatrixRef<S>& k, const ConstMatrixRef<S>& v,
-                     Put put) {
-    const Index hd = config_.head_dim();
-    for (Index i = 0; i < k.rows(); ++i) {
-      put(k.row(i).data() + h * hd, hd, row_of(keys_, h, p + i));
-      put(v.row(i).data() + h * hd, hd, row_of(values_, h, p + i));
-      transpose_key(h, p + i);
-    }
-  }
-
-  // The same from k, v [n_head * n, head_dim] given head by head (Hugging Face's past_key_values
-  // of one sequence: rows h*n .. h*n + n - 1 are head h's).
-  template <class S, class Put>
-  void append_head_rows(const ConstMatrixRef<S>& k, const ConstMatrixRef<S>& v, Put put) {
+  // Appends n positions given head by head, as Hugging Face's past_key_values hold them:
+  //   k, v [n_head * n, head_dim]: the row-major [n_head, n, head_dim] tensors of one sequence;
+  //   rows h*n .. h*n + n - 1 are head h's.
+  // Throws CapacityError (cache unchanged) when they do not fit. Allocates nothing.
+  template <class DK, class DV>
+  void append_past(const Eigen::MatrixBase<DK>& k_in, const Eigen::MatrixBase<DV>& v_in) {
+    const ConstMatrixRef<Scalar> k = detail::as_view<Scalar>(k_in), v = detail::as_view<Scalar>(v_in);
     const Index H = config_.n_head, hd = config_.head_dim();
     if (k.rows() % H != 0 || k.cols() != hd)
       throw ShapeError("k: expected shape [n_head * n, " + std::to_string(hd) + "] with n_head " +
-                       std::to_string(H) + ", got " + shape_string({k.rows(), k.cols()}));
+                       std::to_string(H) + ", got " + detail::shape_string({k.rows(), k.cols()}));
     const Index n = k.rows() / H;
-    check_shape("v", {H * n, hd}, {v.rows(), v.cols()});
+    detail::check_shape("v", {H * n, hd}, {v.rows(), v.cols()});
     check_room(n);
     for (Index h = 0; h < H; ++h)
-      for (Index i = 0; i < n; ++i) {
-        put(k.row(h * n + i).data(), hd, row_of(keys_, h, n_past_ + i));
-        put(v.row(h * n + i).data(), hd, row_of(values_, h, n_past_ + i));
-        transpose_key(h, n_past_ + i);
-      }
+      for (Index i = 0; i < n; ++i)
+        put_row(h, n_past_ + i, k.row(h * n + i).data(), v.row(h * n + i).data());
     n_past_ += n;
   }
 
-  Index check_head(Index h) const {
-    if (h < 0 || h >= config_.n_head)
-      throw ShapeError("head: expected an index in [0, " + std::to_string(config_.n_head) +
-                       "), got " + std::to_string(h));
-    return h;
+  // ---- the cache concept (see the top of this file) ----
+  void check_append(Index n) const { check_room(n); }
+  Index begin_append(Index n) {
+    check_room(n);
+    const Index p = n_past_;
+    n_past_ += n;
+    return p;
   }
+  void rollback(Index p) { truncate(p); }
+  // k, v [n, C] (shapes checked by the caller); positions p .. p + n - 1 < capacity.
+  void write_head(Index h, Index p, const ConstMatrixRef<Scalar>& k, const ConstMatrixRef<Scalar>& v) {
+    const Index hd = config_.head_dim();
+    for (Index i = 0; i < k.rows(); ++i)
+      put_row(h, p + i, k.row(i).data() + h * hd, v.row(i).data() + h * hd);
+  }
+  HeadPages<Element> head_pages(Index h) const {
+    HeadPages<Element> kv;
+    kv.key_pages = &pages_[2 * static_cast<std::size_t>(h)];
+    kv.value_pages = &pages_[2 * static_cast<std::size_t>(h) + 1];
+    kv.page_rows = std::max<Index>(capacity_, 1);  // one page
+    kv.row_stride = config_.head_dim();
+    kv.n_keys = n_past_;
+    kv.head_dim = config_.head_dim();
+    kv.keys_t = transposed_key_blocks(h);
+    return kv;
+  }
+  template <class V>
+  void check_disjoint(const char* what, const V& view) const {
+    if (detail::overlaps(view, keys_.map()) || detail::overlaps(view, values_.map()) ||
+        detail::overlaps(view, keys_t_.map()))
+      throw ShapeError(std::string(what) + ": must not overlap the KV cache");
+  }
+  static const char* label() { return "cache"; }
 
  private:
+  using Storage = detail::AlignedMatrix<Element>;  // 64-byte aligned
+
+  Index check_head(Index h) const { return detail::check_head_index(h, config_.n_head); }
   auto block(Storage& storage, Index h) { return storage.middleRows(h * capacity_, capacity_); }
   auto block(const Storage& storage, Index h) const {
     return storage.middleRows(h * capacity_, capacity_);
   }
-  E* row_of(Storage& storage, Index h, Index p) {
+  Element* row_of(Storage& storage, Index h, Index p) {
     return storage.data() + (h * capacity_ + p) * config_.head_dim();
   }
   Index key_blocks() const { return (capacity_ + kKeyBlock - 1) / kKeyBlock; }
-  E* key_blocks_of(Index h) { return keys_t_.data() + h * key_blocks() * config_.head_dim() * kKeyBlock; }
-  // Head h's stored key at position p copied into its transposed block (column p % kKeyBlock).
-  void transpose_key(Index h, Index p) {
+  Element* key_blocks_of(Index h) {
+    return keys_t_.data() + h * key_blocks() * config_.head_dim() * kKeyBlock;
+  }
+  // Head h's position p: key and value rows stored, and the key copied into its transposed block.
+  void put_row(Index h, Index p, const Scalar* k, const Scalar* v) {
+    const Index hd = config_.head_dim();
+    Element* key = row_of(keys_, h, p);
+    Traits::put(k, hd, key);
+    Traits::put(v, hd, row_of(values_, h, p));
     if constexpr (kKeepsKeyBlocks) {
-      const Index hd = config_.head_dim();
-      const E* key = row_of(keys_, h, p);
-      E* col = key_blocks_of(h) + (p / kKeyBlock) * hd * kKeyBlock + p % kKeyBlock;
+      Element* col = key_blocks_of(h) + (p / kKeyBlock) * hd * kKeyBlock + p % kKeyBlock;
       for (Index d = 0; d < hd; ++d) col[d * kKeyBlock] = key[d];
+    }
+  }
+  static RowMatrix<Scalar> widened(const ConstMatrixRef<Element>& e) {
+    if constexpr (std::is_same<Element, Scalar>::value) {
+      return e;
     } else {
-      (void)h, (void)p;
+      RowMatrix<Scalar> out(e.rows(), e.cols());
+      for (Index i = 0; i < e.rows(); ++i)
+        for (Index d = 0; d < e.cols(); ++d) out(i, d) = kernels::bf16_to_float(e(i, d));
+      return out;
     }
   }
 
@@ -264,88 +358,10 @@ class KVStorage {
   Storage keys_;    // [n_head * capacity, head_dim]
   Storage values_;  // [n_head * capacity, head_dim]
   Storage keys_t_;  // [n_head * key_blocks * head_dim, kKeyBlock] (empty for double)
+  std::vector<const Element*> pages_;  // head h's key page at 2h, value page at 2h + 1
 };
 
-}  // namespace detail
-
-namespace detail {
-struct KVCacheAccess;  // below
-}  // namespace detail
-
-// Owns keys and values [n_head, capacity, head_dim]; rows 0 .. n_past - 1 of each head are the
-// cached positions. Allocates only in its constructor and in copy(). Not thread-safe: one
-// sequence, one thread at a time. Copying is explicit (copy(), copy_from()): a cache is megabytes.
-// config(), capacity(), n_past(), bytes(), remaining(), reset(), truncate(n), check_room(n),
-// key_storage(), value_storage(): detail::KVStorage's, above.
-template <class T>
-class KVCache : public detail::KVStorage<T> {
-  using Base = detail::KVStorage<T>;
-
- public:
-  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim scalars (and in float the
-  // transposed key blocks, n_head * ceil(max_tokens / 64) * 64 * head_dim more).
-  KVCache(const AttentionConfig& config, Index max_tokens) : Base(config, max_tokens) {}
-
-  KVCache(KVCache&&) noexcept = default;             // leaves the source empty
-  KVCache& operator=(KVCache&&) noexcept = default;  // (capacity 0, nothing cached)
-
-  // A deep copy (allocates a cache of the same capacity; copies the n_past cached rows).
-  KVCache copy() const {
-    KVCache c(this->config(), this->capacity());
-    c.copy_from(*this);
-    return c;
-  }
-
-  // Makes this cache hold what `other` holds, reusing this cache's storage (no allocation), e.g. to
-  // fork a beam. Needs the same config and a capacity of at least other.n_past().
-  void copy_from(const KVCache& other) { this->copy_rows_from(other); }
-
-  // Head h's cached keys / values [n_past, head_dim] (views into the cache, valid until it is
-  // moved from or destroyed; their contents change with append, reset and copy_from).
-  ConstMatrixRef<T> keys(Index h) const { return this->head_keys(h); }
-  ConstMatrixRef<T> values(Index h) const { return this->head_values(h); }
-
-  // Appends positions n_past .. n_past + n - 1:
-  //   k, v [n, C]: every head's key (value) rows side by side, head h at columns h*head_dim, i.e.
-  //   the k (v) block of a qkv matrix: qkv.middleCols(C, C) (qkv.middleCols(2 * C, C)).
-  // Throws CapacityError (cache unchanged) when they do not fit. Allocates nothing.
-  template <class DK, class DV>
-  void append(const Eigen::MatrixBase<DK>& k, const Eigen::MatrixBase<DV>& v) {
-    this->template append_rows<T>(detail::as_view<T>(k), detail::as_view<T>(v), copy_row);
-  }
-
-  // Appends n positions given head by head, as Hugging Face's past_key_values hold them:
-  //   k, v [n_head * n, head_dim]: the row-major [n_head, n, head_dim] tensors of one sequence
-  //   (layer_past[0][b], layer_past[1][b]); rows h*n .. h*n + n - 1 are head h's.
-  // Throws CapacityError (cache unchanged) when they do not fit. Allocates nothing.
-  template <class DK, class DV>
-  void append_past(const Eigen::MatrixBase<DK>& k, const Eigen::MatrixBase<DV>& v) {
-    this->template append_head_rows<T>(detail::as_view<T>(k), detail::as_view<T>(v), copy_row);
-  }
-
- private:
-  friend struct detail::KVCacheAccess;
-  static void copy_row(const T* src, Index n, T* dst) { std::copy_n(src, n, dst); }
-  static constexpr auto put_row = copy_row;  // how a row is stored (detail::KVCacheAccess)
-};
-
-namespace detail {
-
-// What the cached forwards (incremental.hpp, incremental_bf16.hpp) use to append a decode step's
-// keys and values head by head on the threads that attend those heads: KVStorage::grow and
-// put_head_rows, with the cache's own way of storing a row (Cache::put_row). S: the scalar of k, v.
-struct KVCacheAccess {
-  template <class Cache>
-  static void grow(Cache& cache, Index n) {
-    cache.grow(n);
-  }
-  template <class S, class Cache>
-  static void put_head_rows(Cache& cache, Index h, Index p, const ConstMatrixRef<S>& k,
-                            const ConstMatrixRef<S>& v) {
-    cache.template put_head_rows<S>(h, p, k, v, Cache::put_row);
-  }
-};
-
-}  // namespace detail
+// A KV cache in bfloat16, for float forwards.
+using KVCacheBF16 = KVCache<bfloat16>;
 
 }  // namespace gpt2

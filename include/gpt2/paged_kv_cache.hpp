@@ -2,11 +2,14 @@
 // sequences forked from a common prompt share its blocks instead of copying them (vLLM's paged
 // attention, for a CPU).
 //
-//   KVBlockPool<T> pool(config, n_blocks, n_layers)   n_blocks blocks of block_rows() positions,
+// S, the storage type, is float, double or bfloat16 (kv_cache.hpp): a bf16 pool holds keys and
+// values rounded to bf16, for float forwards, as KVCache<bfloat16> does.
+//
+//   KVBlockPool<S> pool(config, n_blocks, n_layers)   n_blocks blocks of block_rows() positions,
 //       allocated once. Block b holds, in every layer, every head's keys and values of its
 //       positions: layer l's storage rows (b * n_head + h) * block_rows + r, r < block_rows, are
 //       head h's keys (values) of the block's r-th position [block_rows, head_dim], contiguous.
-//   PagedSequence<T> seq(pool)   a block table (block ids, one per block_rows positions) and a
+//   PagedSequence<S> seq(pool)   a block table (block ids, one per block_rows positions) and a
 //       length. The one table serves every layer: position p of layer l is block table[p /
 //       block_rows], row p % block_rows, in layer l's storage (a 12-layer model keeps one table
 //       per sequence, each layer's data at the same block ids).
@@ -18,13 +21,13 @@
 //   seq.write_last(l, k, v)   layer l's keys and values of the last k.rows() positions
 //   seq.truncate(n), seq.release(), ~PagedSequence: blocks no sequence holds any more go back
 //
-// Block size: kKVBlockRows = 16 positions. The fused attention core reads keys in pages whose
-// row count is a multiple of 16 (causal_attention.hpp, HeadPages), so 16 is the smallest page it
-// takes; small blocks waste little: a sequence leaves at most 15 positions of its last block
-// unused, and a copy-on-write copies at most 15 positions (per layer, 2 * 15 * n_embd scalars). A
-// head's page is 16 * head_dim contiguous scalars (4 KB of float keys for GPT-2), long enough to
-// stream. (32 would halve the page pointers but double both the waste and the copies per fork:
-// 64 requests forked from a 512-token prompt then hold 96 blocks of 16 against 80 of 32.)
+// Both model the cache concept of kv_cache.hpp: a PagedSequence of a one-layer pool (a forward
+// grows it by its new rows), and PagedLayer (one layer of a sequence already grown for the step).
+//
+// Block size: kKVBlockRows = 16 positions, the smallest page the fused core takes (HeadPages):
+// a sequence leaves at most 15 positions of its last block unused, and a copy-on-write copies at
+// most 15 positions (per layer, 2 * 15 * n_embd elements); a head's page is 16 * head_dim
+// contiguous elements, long enough to stream (docs/paged-kv-cache.md).
 //
 // Threads (see docs/paged-kv-cache.md):
 //   - The pool's bookkeeping (free list, reference counts) is behind one mutex: grow, fork,
@@ -53,6 +56,7 @@
 #include "gpt2/config.hpp"
 #include "gpt2/detail/aligned_matrix.hpp"
 #include "gpt2/error.hpp"
+#include "gpt2/kv_cache.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
@@ -60,17 +64,20 @@ namespace gpt2 {
 // Positions per block (see above).
 inline constexpr Index kKVBlockRows = 16;
 
-template <class T>
+template <class S>
 class PagedSequence;
 
 // A pool of n_blocks blocks of block_rows positions, for n_layers layers of one model (each layer
 // its own storage, the same block ids). Allocates only in its constructor. Thread-safe
 // bookkeeping (see the header comment); outlives every sequence made from it; neither copied nor
 // moved (sequences point at it).
-template <class T>
+template <class S>
 class KVBlockPool {
  public:
-  // n_blocks * n_layers * 2 * block_rows * n_embd scalars, zeroed. block_rows: a positive
+  using Scalar = typename detail::KVStorageTraits<S>::Scalar;
+  using Element = typename detail::KVStorageTraits<S>::Element;
+
+  // n_blocks * n_layers * 2 * block_rows * n_embd elements, zeroed. block_rows: a positive
   // multiple of 16 (the attention core's page granularity).
   KVBlockPool(const AttentionConfig& config, Index n_blocks, Index n_layers = 1,
               Index block_rows = kKVBlockRows)
@@ -114,9 +121,10 @@ class KVBlockPool {
   Index n_blocks() const { return n_blocks_; }    // capacity, in blocks
   Index n_layers() const { return n_layers_; }
   Index block_rows() const { return block_rows_; }  // positions per block
-  // Bytes of one block in one layer (keys and values of every head): 2 * block_rows * n_embd * sizeof(T).
+  // Bytes of one block in one layer (keys and values of every head): 2 * block_rows * n_embd
+  // elements.
   Index block_bytes() const {
-    return 2 * block_rows_ * config_.n_embd * static_cast<Index>(sizeof(T));
+    return 2 * block_rows_ * config_.n_embd * static_cast<Index>(sizeof(Element));
   }
   // Bytes of the whole pool (every layer's storage, allocated in full by the constructor).
   Index bytes() const { return n_blocks_ * n_layers_ * block_bytes(); }
@@ -136,31 +144,33 @@ class KVBlockPool {
   }
 
   // Head h's rows of block b in layer l: keys (values) [block_rows, head_dim], contiguous.
-  const T* key_page(Index layer, Index b, Index h) const {
+  const Element* key_page(Index layer, Index b, Index h) const {
     return keys_[static_cast<std::size_t>(layer)].data() + page_offset(b, h);
   }
-  const T* value_page(Index layer, Index b, Index h) const {
+  const Element* value_page(Index layer, Index b, Index h) const {
     return values_[static_cast<std::size_t>(layer)].data() + page_offset(b, h);
   }
   // Layer l's whole key (value) storage [n_blocks * n_head * block_rows, head_dim]: for overlap
   // checks and inspection.
-  ConstMatrixRef<T> key_storage(Index layer) const { return keys_[check_layer(layer)].map(); }
-  ConstMatrixRef<T> value_storage(Index layer) const { return values_[check_layer(layer)].map(); }
+  ConstMatrixRef<Element> key_storage(Index layer) const { return keys_[check_layer(layer)].map(); }
+  ConstMatrixRef<Element> value_storage(Index layer) const {
+    return values_[check_layer(layer)].map();
+  }
 
   // Grows sequences seqs[0 .. n) by counts[i] positions each, all or nothing: CapacityError (no
   // sequence and no block changed) unless the free blocks cover every new block and every
   // copy-on-write. seq.grow(n) is this for one sequence; the batched forwards call it for the
   // batch. The sequences must be distinct and made from this pool.
-  void grow(PagedSequence<T>* const* seqs, const Index* counts, Index n) {
-    grow_each(n, [&](Index i) -> PagedSequence<T>& { return *seqs[i]; },
+  void grow(PagedSequence<S>* const* seqs, const Index* counts, Index n) {
+    grow_each(n, [&](Index i) -> PagedSequence<S>& { return *seqs[i]; },
               [&](Index i) { return counts[i]; });
   }
-  // Same, sequence i being seq_at(i) (a PagedSequence<T>&) and its count count_at(i).
+  // Same, sequence i being seq_at(i) (a PagedSequence<S>&) and its count count_at(i).
   template <class SeqAt, class CountAt>
   void grow_each(Index n, const SeqAt& seq_at, const CountAt& count_at);
 
  private:
-  friend class PagedSequence<T>;
+  friend class PagedSequence<S>;
 
   Index page_offset(Index b, Index h) const {
     return (b * config_.n_head + h) * block_rows_ * config_.head_dim();
@@ -192,7 +202,7 @@ class KVBlockPool {
   // layer and head.
   void copy_block(std::int32_t from, std::int32_t to, Index rows) {
     const Index hd = config_.head_dim();
-    const std::size_t count = static_cast<std::size_t>(rows * hd) * sizeof(T);
+    const std::size_t count = static_cast<std::size_t>(rows * hd) * sizeof(Element);
     for (Index l = 0; l < n_layers_; ++l)
       for (Index h = 0; h < config_.n_head; ++h) {
         const std::size_t li = static_cast<std::size_t>(l);
@@ -206,7 +216,7 @@ class KVBlockPool {
   AttentionConfig config_;
   Index n_blocks_, n_layers_, block_rows_;
   // per layer [n_blocks * n_head * block_rows, head_dim], 64-byte aligned
-  std::vector<detail::AlignedMatrix<T>> keys_, values_;
+  std::vector<detail::AlignedMatrix<Element>> keys_, values_;
   // Reference counts: changed only with mutex_ held; atomic so that a sequence may read the count
   // of a block it holds alone (write_last's check) while other threads change other counts.
   std::unique_ptr<std::atomic<std::int32_t>[]> refs_;
@@ -218,12 +228,16 @@ class KVBlockPool {
 // One sequence's block table into a KVBlockPool and its length (positions it holds, in every
 // layer). Movable (the source is left empty), not copyable: fork() is the explicit share. Used by
 // one thread at a time (see the header comment). Releases its blocks when destroyed.
-template <class T>
+template <class S>
 class PagedSequence {
  public:
+  using Storage = S;
+  using Scalar = typename detail::KVStorageTraits<S>::Scalar;
+  using Element = typename detail::KVStorageTraits<S>::Element;
+
   // An empty sequence of `pool` (which must outlive it). max_tokens: room reserved in the block
   // table for that many positions, so that growing up to it allocates nothing.
-  explicit PagedSequence(KVBlockPool<T>& pool, Index max_tokens = 0) : pool_(&pool) {
+  explicit PagedSequence(KVBlockPool<S>& pool, Index max_tokens = 0) : pool_(&pool) {
     reserve(max_tokens);
   }
   ~PagedSequence() { release(); }
@@ -249,7 +263,7 @@ class PagedSequence {
     return *this;
   }
 
-  KVBlockPool<T>& pool() const { return *pool_; }
+  KVBlockPool<S>& pool() const { return *pool_; }
   const AttentionConfig& config() const { return pool_->config(); }
   Index length() const { return length_; }  // positions held (the n_past of the next forward)
   // Block ids, one per block_rows positions: position p is in block table()[p / block_rows].
@@ -324,10 +338,10 @@ class PagedSequence {
   // sequence (a fork between grow() and this write). Allocates nothing.
   template <class DK, class DV>
   void write_last(Index layer, const Eigen::MatrixBase<DK>& k_in, const Eigen::MatrixBase<DV>& v_in) {
-    const ConstMatrixRef<T> k = detail::as_view<T>(k_in);
-    const ConstMatrixRef<T> v = detail::as_view<T>(v_in);
+    const ConstMatrixRef<Scalar> k = detail::as_view<Scalar>(k_in);
+    const ConstMatrixRef<Scalar> v = detail::as_view<Scalar>(v_in);
     check_write(layer, k, v);
-    write_rows(layer, k, v);
+    for (Index h = 0; h < config().n_head; ++h) write_head_rows(layer, h, length_ - k.rows(), k, v);
   }
 
   // ShapeError unless the last n positions (n <= length()) lie in blocks this sequence holds
@@ -352,8 +366,8 @@ class PagedSequence {
   // (nothing changed) when the blocks do not fit.
   template <class DK, class DV>
   void append(const Eigen::MatrixBase<DK>& k_in, const Eigen::MatrixBase<DV>& v_in) {
-    const ConstMatrixRef<T> k = detail::as_view<T>(k_in);
-    const ConstMatrixRef<T> v = detail::as_view<T>(v_in);
+    const ConstMatrixRef<Scalar> k = detail::as_view<Scalar>(k_in);
+    const ConstMatrixRef<Scalar> v = detail::as_view<Scalar>(v_in);
     if (pool_->n_layers() != 1)
       throw ConfigError("append: expected a one-layer pool, got " +
                         std::to_string(pool_->n_layers()) +
@@ -362,28 +376,28 @@ class PagedSequence {
     detail::check_shape("k", {k.rows(), C}, {k.rows(), k.cols()});
     detail::check_shape("v", {k.rows(), C}, {v.rows(), v.cols()});
     grow(k.rows());
-    write_rows(0, k, v);
+    for (Index h = 0; h < config().n_head; ++h) write_head_rows(0, h, length_ - k.rows(), k, v);
   }
 
-  // Head h's key (value) row of a position in a layer: head_dim contiguous scalars in the pool.
-  const T* key_row(Index layer, Index h, Index position) const {
+  // Head h's key (value) row of a position in a layer: head_dim contiguous elements in the pool.
+  const Element* key_row(Index layer, Index h, Index position) const {
     return pool_->key_page(check_layer(layer), page_of(position), check_head(h)) +
            position % pool_->block_rows() * config().head_dim();
   }
-  const T* value_row(Index layer, Index h, Index position) const {
+  const Element* value_row(Index layer, Index h, Index position) const {
     return pool_->value_page(check_layer(layer), page_of(position), check_head(h)) +
            position % pool_->block_rows() * config().head_dim();
   }
 
   // Copies of head h's keys (values) [length, head_dim] in a layer, gathered from the blocks: an
   // explicit, allocating copy for inspection and tests (the forwards read the blocks in place).
-  RowMatrix<T> copy_keys(Index layer, Index h) const { return gather(layer, h, true); }
-  RowMatrix<T> copy_values(Index layer, Index h) const { return gather(layer, h, false); }
+  RowMatrix<Element> copy_keys(Index layer, Index h) const { return gather(layer, h, true); }
+  RowMatrix<Element> copy_values(Index layer, Index h) const { return gather(layer, h, false); }
 
   // The page lists of a layer, as the attention core reads them (HeadPages): for head h,
   // pages()[2 h * n] .. are the n = table().size() key pages, pages()[(2 h + 1) n] .. the value
   // pages. Filled by fill_pages(layer) (no allocation when reserve() covered the length).
-  const std::vector<const T*>& pages() const { return pages_; }
+  const std::vector<const Element*>& pages() const { return pages_; }
   void fill_pages(Index layer) {
     check_layer(layer);
     const std::size_t n = table_.size(), H = static_cast<std::size_t>(config().n_head);
@@ -395,8 +409,80 @@ class PagedSequence {
       }
   }
 
+  // Head h's keys and values as the last fill_pages() listed them (length() positions).
+  HeadPages<Element> head_pages(Index h) const {
+    const Index n = static_cast<Index>(table_.size()), hd = config().head_dim();
+    HeadPages<Element> kv;
+    kv.key_pages = pages_.data() + 2 * h * n;
+    kv.value_pages = pages_.data() + (2 * h + 1) * n;
+    kv.page_rows = pool_->block_rows();
+    kv.row_stride = hd;
+    kv.n_keys = length_;
+    kv.head_dim = hd;
+    return kv;
+  }
+
+  // Writes head h's rows of positions p .. p + n - 1 of a layer from k, v [n, C] (positions held
+  // alone: checked by the caller, as write_last checks).
+  void write_head_rows(Index layer, Index h, Index p, const ConstMatrixRef<Scalar>& k,
+                       const ConstMatrixRef<Scalar>& v) {
+    const Index hd = config().head_dim(), br = pool_->block_rows();
+    const std::size_t li = static_cast<std::size_t>(layer);
+    for (Index i = 0; i < k.rows(); ++i) {
+      const Index b = table_[static_cast<std::size_t>((p + i) / br)], r = (p + i) % br;
+      const Index offset = pool_->page_offset(b, h) + r * hd;
+      detail::KVStorageTraits<S>::put(k.row(i).data() + h * hd, hd,
+                                      pool_->keys_[li].data() + offset);
+      detail::KVStorageTraits<S>::put(v.row(i).data() + h * hd, hd,
+                                      pool_->values_[li].data() + offset);
+    }
+  }
+
+  // ---- the cache concept (kv_cache.hpp), for a one-layer pool: a forward grows the sequence ----
+  static const char* label() { return "sequence"; }
+  Index n_past() const { return length_; }
+  void check_append(Index n) const {
+    if (pool_->n_layers() != 1)
+      throw ConfigError("sequence: expected a one-layer pool, got " +
+                        std::to_string(pool_->n_layers()) +
+                        " layers (grow() the sequence once per step, then run each layer with "
+                        "attention_forward(w, x, seq, layer, ws, out))");
+    if (n < 0) throw ShapeError("grow: expected a non-negative count, got " + std::to_string(n));
+  }
+  Index begin_append(Index n) {
+    const Index p = length_;
+    grow(n);  // CapacityError: nothing changed
+    fill_pages(0);
+    return p;
+  }
+  void rollback(Index p) { truncate(p); }
+  void write_head(Index h, Index p, const ConstMatrixRef<Scalar>& k, const ConstMatrixRef<Scalar>& v) {
+    write_head_rows(0, h, p, k, v);
+  }
+  template <class V>
+  void check_disjoint(const char* what, const V& view) const {
+    if (detail::overlaps(view, pool_->key_storage(0)) ||
+        detail::overlaps(view, pool_->value_storage(0)))
+      throw ShapeError(std::string(what) + ": must not overlap the KV block pool");
+  }
+  // Batched forwards grow their sequences together, all or nothing (KVBlockPool::grow_each): one
+  // pool per batch, checked first.
+  template <class SeqAt>
+  static void check_batch(Index n, const SeqAt& seq_at) {
+    for (Index i = 1; i < n; ++i)
+      if (&seq_at(i).pool() != &seq_at(0).pool())
+        throw ConfigError("batch sequence " + std::to_string(i) +
+                          ": sequence: expected the pool of sequence 0 (one pool per batch)");
+  }
+  template <class SeqAt, class CountAt>
+  static void begin_append_all(Index n, const SeqAt& seq_at, const CountAt& count_at) {
+    if (n == 0) return;
+    seq_at(0).pool().grow_each(n, seq_at, count_at);  // CapacityError: no sequence changed
+    for (Index i = 0; i < n; ++i) seq_at(i).fill_pages(0);
+  }
+
  private:
-  friend class KVBlockPool<T>;
+  friend class KVBlockPool<S>;
 
   Index check_layer(Index layer) const { return static_cast<Index>(pool_->check_layer(layer)); }
   Index check_head(Index h) const {
@@ -412,7 +498,8 @@ class PagedSequence {
     return table_[static_cast<std::size_t>(position / pool_->block_rows())];
   }
 
-  void check_write(Index layer, const ConstMatrixRef<T>& k, const ConstMatrixRef<T>& v) const {
+  void check_write(Index layer, const ConstMatrixRef<Scalar>& k,
+                   const ConstMatrixRef<Scalar>& v) const {
     const Index n = k.rows(), C = config().n_embd;
     check_layer(layer);
     detail::check_shape("k", {n, C}, {k.rows(), k.cols()});
@@ -420,41 +507,26 @@ class PagedSequence {
     check_last_writable(n);
   }
 
-  // Already checked: rows length - n .. length - 1 of every head of `layer`.
-  void write_rows(Index layer, const ConstMatrixRef<T>& k, const ConstMatrixRef<T>& v) {
-    const Index n = k.rows(), hd = config().head_dim(), br = pool_->block_rows();
-    const std::size_t row_bytes = static_cast<std::size_t>(hd) * sizeof(T);
-    const std::size_t li = static_cast<std::size_t>(layer);
-    for (Index i = 0; i < n; ++i) {
-      const Index p = length_ - n + i;
-      const Index b = table_[static_cast<std::size_t>(p / br)], r = p % br;
-      for (Index h = 0; h < config().n_head; ++h) {
-        const Index offset = pool_->page_offset(b, h) + r * hd;
-        std::memcpy(pool_->keys_[li].data() + offset, k.row(i).data() + h * hd, row_bytes);
-        std::memcpy(pool_->values_[li].data() + offset, v.row(i).data() + h * hd, row_bytes);
-      }
-    }
-  }
-
-  RowMatrix<T> gather(Index layer, Index h, bool keys) const {
+  RowMatrix<Element> gather(Index layer, Index h, bool keys) const {
     check_layer(layer);
     check_head(h);
     const Index hd = config().head_dim();
-    RowMatrix<T> m(length_, hd);
+    RowMatrix<Element> m(length_, hd);
     for (Index p = 0; p < length_; ++p)
-      m.row(p) = Eigen::Map<const RowVector<T>>(keys ? key_row(layer, h, p) : value_row(layer, h, p), hd);
+      m.row(p) = Eigen::Map<const RowVector<Element>>(
+          keys ? key_row(layer, h, p) : value_row(layer, h, p), hd);
     return m;
   }
 
-  KVBlockPool<T>* pool_;
+  KVBlockPool<S>* pool_;
   std::vector<std::int32_t> table_;  // blocks_for(length_) block ids
   Index length_ = 0;
-  std::vector<const T*> pages_;  // fill_pages' page lists
+  std::vector<const Element*> pages_;  // fill_pages' page lists
 };
 
-template <class T>
+template <class S>
 template <class SeqAt, class CountAt>
-void KVBlockPool<T>::grow_each(Index n, const SeqAt& seq_at, const CountAt& count_at) {
+void KVBlockPool<S>::grow_each(Index n, const SeqAt& seq_at, const CountAt& count_at) {
   for (Index i = 0; i < n; ++i) {
     if (count_at(i) < 0)
       throw ShapeError("grow: expected a non-negative count, got " + std::to_string(count_at(i)));
@@ -470,13 +542,13 @@ void KVBlockPool<T>::grow_each(Index n, const SeqAt& seq_at, const CountAt& coun
   // others is copied; when several of the batch hold it, each copy leaves one holder fewer (the
   // last holder writes in place): cowed_ counts the copies planned so far.
   Index need = 0;
-  const auto copies = [&](const PagedSequence<T>& s, Index count) {
+  const auto copies = [&](const PagedSequence<S>& s, Index count) {
     if (count == 0 || s.length_ % block_rows_ == 0) return false;
     const std::int32_t last = s.table_.back();
     return ref(last).load(std::memory_order_relaxed) - cowed_[static_cast<std::size_t>(last)] > 1;
   };
   for (Index i = 0; i < n; ++i) {
-    const PagedSequence<T>& s = seq_at(i);
+    const PagedSequence<S>& s = seq_at(i);
     need += s.blocks_for(s.length_ + count_at(i)) - static_cast<Index>(s.table_.size());
     if (copies(s, count_at(i))) {
       ++need;
@@ -497,7 +569,7 @@ void KVBlockPool<T>::grow_each(Index n, const SeqAt& seq_at, const CountAt& coun
                         std::to_string(block_rows_) + " positions)");
   }
   for (Index i = 0; i < n; ++i) {
-    PagedSequence<T>& s = seq_at(i);
+    PagedSequence<S>& s = seq_at(i);
     if (copies(s, count_at(i))) {  // copy-on-write of the shared, partly filled last block
       const std::int32_t from = s.table_.back(), to = take_block();
       copy_block(from, to, s.length_ % block_rows_);
@@ -509,5 +581,55 @@ void KVBlockPool<T>::grow_each(Index n, const SeqAt& seq_at, const CountAt& coun
     s.length_ += count_at(i);
   }
 }
+
+// One layer of a paged sequence already grown for this step (seq.grow(T_new) once, then a forward
+// per layer): the cache concept over layer `layer`, whose new rows are the sequence's last
+// `pending` positions. A view: the sequence must outlive it.
+template <class S>
+class PagedLayer {
+ public:
+  using Scalar = typename PagedSequence<S>::Scalar;
+  using Element = typename PagedSequence<S>::Element;
+
+  PagedLayer(PagedSequence<S>& seq, Index layer, Index pending)
+      : seq_(&seq), layer_(layer), pending_(pending) {}
+
+  static const char* label() { return "sequence"; }
+  const AttentionConfig& config() const { return seq_->config(); }
+  PagedSequence<S>& sequence() const { return *seq_; }
+  Index layer() const { return layer_; }
+  Index n_past() const { return seq_->length() - pending_; }
+  void check_append(Index n) const {
+    if (layer_ < 0 || layer_ >= seq_->pool().n_layers())
+      throw ShapeError("layer: expected an index in [0, " +
+                       std::to_string(seq_->pool().n_layers()) + ") (the pool's layers), got " +
+                       std::to_string(layer_));
+    if (n > seq_->length())
+      throw ShapeError("x: expected at most " + std::to_string(seq_->length()) +
+                       " rows (the sequence's positions: grow() it first), got " +
+                       std::to_string(n));
+    seq_->check_last_writable(n);
+  }
+  Index begin_append(Index n) {
+    seq_->fill_pages(layer_);
+    return seq_->length() - n;
+  }
+  void rollback(Index) {}  // the sequence keeps its length: its owner grew it
+  void write_head(Index h, Index p, const ConstMatrixRef<Scalar>& k, const ConstMatrixRef<Scalar>& v) {
+    seq_->write_head_rows(layer_, h, p, k, v);
+  }
+  HeadPages<Element> head_pages(Index h) const { return seq_->head_pages(h); }
+  template <class V>
+  void check_disjoint(const char* what, const V& view) const {
+    const KVBlockPool<S>& pool = seq_->pool();
+    if (detail::overlaps(view, pool.key_storage(layer_)) ||
+        detail::overlaps(view, pool.value_storage(layer_)))
+      throw ShapeError(std::string(what) + ": must not overlap the KV block pool");
+  }
+
+ private:
+  PagedSequence<S>* seq_;
+  Index layer_, pending_;
+};
 
 }  // namespace gpt2

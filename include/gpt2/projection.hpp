@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "gpt2/config.hpp"
+#include "gpt2/detail/pipeline.hpp"
 #include "gpt2/error.hpp"
-#include "gpt2/gemm.hpp"
-#include "gpt2/qkv.hpp"
+#include "gpt2/kernels/levels.hpp"
 #include "gpt2/types.hpp"
 #include "gpt2/weights.hpp"
 
@@ -73,8 +73,8 @@ void output_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>&
   detail::check_shape("merged", {T_, C}, {merged.rows(), merged.cols()});
   detail::check_shape("out", {T_, C}, {out.rows(), out.cols()});
   if (detail::overlaps(out, merged)) throw ShapeError("out: must not overlap merged");
-  projection_columns<T>(merged, w.c_proj_weight(), w.packed_c_proj_weight(), w.c_proj_bias(), 0, C,
-                        out, gemm);
+  detail::checked_projection<T>(merged, w.c_proj_weight(), w.packed_c_proj_weight(),
+                                w.c_proj_bias(), 0, C, out, gemm);
 }
 
 // Same, with a one-off GemmScratch (allocates).

@@ -12,8 +12,9 @@
 #include <string>
 
 #include "gpt2/config.hpp"
+#include "gpt2/detail/pipeline.hpp"
 #include "gpt2/error.hpp"
-#include "gpt2/gemm.hpp"
+#include "gpt2/kernels/levels.hpp"
 #include "gpt2/types.hpp"
 #include "gpt2/weights.hpp"
 
@@ -24,7 +25,7 @@ namespace gpt2 {
 //   must not overlap x)
 // PyTorch: torch.addmm(c_attn.bias, x, c_attn.weight)
 // `gemm` holds the packing buffers; pass the workspace's to make the call allocation-free. Reads
-// the packed copy of c_attn.weight when w has one (pack_weights) and the level has vector kernels.
+// the packed copy of c_attn.weight where the level reads it (pack_weights, gemm.hpp).
 template <class T, class D>
 void qkv_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x_in,
                     MatrixRef<T> qkv, GemmScratch<T>& gemm) {
@@ -33,8 +34,8 @@ void qkv_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x_
   detail::check_shape("x", {T_, C}, {x.rows(), x.cols()});
   detail::check_shape("qkv", {T_, 3 * C}, {qkv.rows(), qkv.cols()});
   if (detail::overlaps(qkv, x)) throw ShapeError("qkv: must not overlap x");
-  projection_columns<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(), 0, 3 * C,
-                        qkv, gemm);
+  detail::checked_projection<T>(x, w.c_attn_weight(), w.packed_c_attn_weight(), w.c_attn_bias(), 0,
+                                3 * C, qkv, gemm);
 }
 
 // Same, with a one-off GemmScratch (allocates).
@@ -46,17 +47,6 @@ void qkv_projection(const AttentionWeights<T>& w, const Eigen::MatrixBase<D>& x,
 
 // Which of the three blocks of qkv a head view reads.
 enum class QkvPart { q = 0, k = 1, v = 2 };
-
-namespace detail {
-
-inline void check_head(const AttentionConfig& config, Index h) {
-  config.validate();
-  if (h < 0 || h >= config.n_head)
-    throw ShapeError("head: expected an index in [0, " + std::to_string(config.n_head) +
-                     "), got " + std::to_string(h));
-}
-
-}  // namespace detail
 
 // head_view(qkv, config, part, h): zero-copy view of head h's q, k or v.
 //   qkv [T, 3C] (a row-major matrix or view) -> [T, head_dim], the columns

@@ -1,28 +1,31 @@
 // Tensor parallelism over MPI: one attention sublayer split by heads over the ranks of a
 // communicator (optional component gpt2::mpi; needs <mpi.h>). See docs/tensor-parallel.md.
 //
-// Rank r of R holds heads [h0, h0 + H_r) (contiguous, as even as possible: heads_of_rank) and
-// runs the ordinary sublayer over them, as a shard with C_r = H_r * head_dim:
-//   qkv_r   = x @ c_attn_r + c_attn_bias_r      x [T, C], c_attn_r [C, 3 C_r] -> qkv_r [T, 3 C_r]
-//             c_attn_r: the columns of its heads from EACH of the q, k, v blocks of c_attn,
-//             (q at h*head_dim, k at C + h*head_dim, v at 2C + h*head_dim), packed once at setup
-//   y_h     = softmax(q_h k_h^T / sqrt(head_dim), causal) v_h   for its heads    merged_r [T, C_r]
-//   out_r   = merged_r @ c_proj_r (+ c_proj.bias on rank 0 only)
-//             c_proj_r = rows h0*head_dim .. (h0 + H_r)*head_dim of c_proj.weight [C_r, C] (a view)
-//   out     = sum over ranks of out_r               MPI_Allreduce(MPI_IN_PLACE, MPI_SUM)
-// Every rank ends with the whole out [T, C]. A rank's KV cache holds its heads only
-// (KVCache over shard_config()): cache memory per rank falls as 1/R.
+// Rank r of R holds heads [h0, h0 + H_r) (contiguous, as even as possible: heads_of_rank): a
+// TensorParallelAttention<T> is the sublayer of those heads, C_r = H_r * head_dim wide,
+//   qkv_r = x @ c_attn_r + c_attn_bias_r     c_attn_r [C, 3 C_r]: its heads' columns of each of the
+//                                            q, k, v blocks of c_attn, copied once at setup
+//   merged_r: its heads, as the whole sublayer computes them
+//   out_r = merged_r @ c_proj_r (+ c_proj.bias on rank 0 only)   c_proj_r: rows h0 * head_dim ..
+//   out   = sum over ranks of out_r          MPI_Allreduce(MPI_IN_PLACE, MPI_SUM)
+// and every forward of sublayer.hpp and batch.hpp takes it in place of the weights: it is a
+// wrapper, with the same forward (agreement, this rank's heads, all-reduce), so packed weights
+// (float32 or bf16: the shard packs its copies as the given weights are packed), every KV cache
+// (KVCache<float|double|bfloat16>, paged sequences) and batches work under it. Every rank ends with
+// the whole out [T, C]; its caches and workspaces hold its heads only (shard_config(): memory per
+// rank falls as 1/R); probabilities, where written, are its heads' [H_r * T, n_keys].
 //
 // Collectives: every forward is a collective over the communicator; all ranks call the same
-// functions in the same order with the same shapes (x may differ only in its values; x is read
-// whole on every rank). Before anything is computed, the ranks agree (one small MPI_Allreduce)
-// that every rank's checks passed and that their shapes match; otherwise every rank throws the
-// same error, naming the first failing rank, so no rank is left waiting in a collective.
+// functions in the same order with the same shapes (x may differ only in its values). Before
+// anything changes, the ranks agree (one small MPI_Allreduce) that every rank's checks passed and
+// that their shapes match; otherwise every rank throws the same error, naming the first failing
+// rank, so no rank is left waiting in a collective.
 #pragma once
 
 #include <mpi.h>
 
 #include <climits>
+#include <memory>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -30,7 +33,10 @@
 #include <utility>
 #include <vector>
 
-#include "gpt2/attention.hpp"
+#include "gpt2/detail/pipeline.hpp"
+#include "gpt2/kv_cache.hpp"
+#include "gpt2/weights.hpp"
+#include "gpt2/workspace.hpp"
 
 namespace gpt2 {
 
@@ -82,19 +88,8 @@ inline void mpi_check(int code, const char* call, int rank, int n_ranks) {
                              : "MPI error " + std::to_string(code)));
 }
 
-// Values every rank must have in common for a call (its shapes): at most kMax, no allocation.
-struct RankAgreement {
-  static constexpr int kMax = 8;
-  const char* names[kMax] = {};
-  long long values[kMax] = {};
-  int n = 0;
-  RankAgreement& add(const char* name, long long value) {
-    names[n] = name;
-    values[n] = value;
-    ++n;
-    return *this;
-  }
-};
+// Values every rank must have in common for a call (detail/pipeline.hpp's CallShape).
+using RankAgreement = CallShape;
 
 // The kinds of error an agreement carries from the failing rank to the others.
 enum class ErrorKind : int { shape, config, capacity, format, mpi, error, bad_alloc, other, count };
@@ -248,6 +243,7 @@ class TensorParallelAttention {
         zero_bias_(std::move(other.zero_bias_)),
         c_proj_weight_(other.c_proj_weight_),
         c_proj_bias_(other.c_proj_bias_),
+        packed_(std::move(other.packed_)),
         reduce_seconds_(other.reduce_seconds_) {}
   TensorParallelAttention& operator=(TensorParallelAttention&&) = delete;
   ~TensorParallelAttention() {
@@ -277,16 +273,26 @@ class TensorParallelAttention {
   ConstVectorMap<T> c_proj_bias() const {
     return {rank_ == 0 ? c_proj_bias_ : zero_bias_.data(), n_embd()};
   }
-  // Bytes this object owns (the packed c_attn columns and the zero bias).
+  // The packed copies of c_attn_weight and c_proj_weight (null when the weights given were views
+  // only), made in the precision the given weights were packed in.
+  const PackedMatrix* packed_c_attn_weight() const { return packed_ ? &packed_->c_attn : nullptr; }
+  const PackedMatrix* packed_c_proj_weight() const { return packed_ ? &packed_->c_proj : nullptr; }
+  WeightDtype weight_dtype() const { return packed_ ? packed_->c_attn.dtype() : WeightDtype::float32; }
+  // Bytes this object owns (the c_attn columns, their bias, the zero bias, the packed copies).
   Index bytes() const {
     return (c_attn_weight_.size() + c_attn_bias_.size() + zero_bias_.size()) *
-           static_cast<Index>(sizeof(T));
+               static_cast<Index>(sizeof(T)) +
+           (packed_ ? packed_->c_attn.bytes() + packed_->c_proj.bytes() : 0);
   }
 
   // A KV cache for this rank's heads, room for max_tokens positions (2 H_r max_tokens head_dim
-  // scalars), and a workspace for this rank's forwards (as Workspace(config, max_tokens, max_keys),
-  // with the projections' packing buffers sized for the shard's [C, 3 C_r] and [C_r, C]).
-  KVCache<T> cache(Index max_tokens) const { return KVCache<T>(shard_, max_tokens); }
+  // elements; S: float, double or bfloat16, as for KVCache), and a workspace for this rank's
+  // forwards (as Workspace(config, max_tokens, max_keys), with the projections' packing buffers
+  // sized for the shard's [C, 3 C_r] and [C_r, C]).
+  template <class S = T>
+  KVCache<S> cache(Index max_tokens) const {
+    return KVCache<S>(shard_, max_tokens);
+  }
   Workspace<T> workspace(Index max_tokens = 0, Index max_keys = -1) const {
     Workspace<T> ws(shard_);
     reserve(ws, max_tokens, max_keys);
@@ -376,7 +382,9 @@ class TensorParallelAttention {
                      .add("n_head", w.n_head())
                      .add("the scalar type's size in bytes", static_cast<long long>(sizeof(T)))
                      .add("the weights' values (a checksum of their bits)", sum)
-                     .add("the weights' element count", n_elements));
+                     .add("the weights' element count", n_elements)
+                     .add("the weights' packing (0 none, 1 float32, 2 bf16)",
+                          !w.is_packed() ? 0 : w.weight_dtype() == WeightDtype::bf16 ? 2 : 1));
     if (n_ranks_ > w.n_head())
       throw ConfigError("tensor parallel: " + std::to_string(n_ranks_) + " ranks but n_head = " +
                         std::to_string(w.n_head()) +
@@ -395,10 +403,18 @@ class TensorParallelAttention {
             c_attn_weight_.middleCols(part * C_r, C_r) = w.c_attn_weight().middleCols(from, C_r);
             c_attn_bias_.segment(part * C_r, C_r) = w.c_attn_bias().segment(from, C_r);
           }
+          c_proj_weight_ = w.c_proj_weight().data() + heads_.begin * hd * C;
+          c_proj_bias_ = w.c_proj_bias().data();
+          if constexpr (std::is_same<T, float>::value) {
+            if (w.is_packed()) {  // the shard's copies in the precision of the given weights'
+              auto p = std::make_shared<Packed>();
+              p->c_attn = PackedMatrix(c_attn_weight(), w.weight_dtype());
+              p->c_proj = PackedMatrix(c_proj_weight(), w.weight_dtype());
+              packed_ = std::move(p);
+            }
+          }
         },
         detail::RankAgreement());
-    c_proj_weight_ = w.c_proj_weight().data() + heads_.begin * hd * C;
-    c_proj_bias_ = w.c_proj_bias().data();
   }
 
   void reduce_contiguous(T* data, Index n) const {
@@ -420,275 +436,42 @@ class TensorParallelAttention {
   RowVector<T> zero_bias_;      // [C]
   const T* c_proj_weight_ = nullptr;  // rows of the caller's c_proj.weight [C_r, C]
   const T* c_proj_bias_ = nullptr;    // the caller's c_proj.bias [C]
+  struct Packed {
+    PackedMatrix c_attn, c_proj;
+  };
+  std::shared_ptr<const Packed> packed_;
   mutable double reduce_seconds_ = 0;
 };
 
 namespace detail {
 
-// Which forward the ranks are calling (they must agree).
-enum class TpCall : int { plain = 1, cached = 2, batch = 3, batch_cached = 4 };
-
+// A rank's shard as a sublayer (detail/pipeline.hpp): the forwards run its heads, the ranks agree
+// before anything changes, and out is summed over them.
 template <class T>
-void check_shard_workspace(const TensorParallelAttention<T>& tp, const Workspace<T>& ws) {
-  const AttentionConfig& a = tp.shard_config();
-  const AttentionConfig& b = ws.config();
-  if (a.n_embd != b.n_embd || a.n_head != b.n_head)
-    throw ConfigError("workspace: expected this rank's shard, n_embd " + std::to_string(a.n_embd) +
-                      ", n_head " + std::to_string(a.n_head) + " (tp.workspace()), got n_embd " +
-                      std::to_string(b.n_embd) + ", n_head " + std::to_string(b.n_head));
-}
-
-template <class T>
-void check_shard_cache(const TensorParallelAttention<T>& tp, const KVCache<T>& cache) {
-  const AttentionConfig& a = tp.shard_config();
-  const AttentionConfig& b = cache.config();
-  if (a.n_embd != b.n_embd || a.n_head != b.n_head)
-    throw ConfigError("cache: expected this rank's shard, n_embd " + std::to_string(a.n_embd) +
-                      ", n_head " + std::to_string(a.n_head) + " (tp.cache()), got n_embd " +
-                      std::to_string(b.n_embd) + ", n_head " + std::to_string(b.n_head));
-}
-
-// This rank's part of out for T new tokens (no reduction): the sublayer over its heads, the keys
-// and values of its heads appended to `cache` first when it is not null. Checked beforehand; ws
-// grown. out [T, C] may alias x; probs (or null) [H_r * T, n_keys].
-template <class T>
-void shard_partial(const TensorParallelAttention<T>& tp, const ConstMatrixRef<T>& x,
-                   KVCache<T>* cache, Workspace<T>& ws, MatrixRef<T> out, MatrixRef<T>* probs) {
-  const AttentionConfig& shard = tp.shard_config();
-  const Index T_ = x.rows(), C_r = shard.n_embd;
-  if (T_ == 0) return;
-  MatrixRef<T> qkv = ws.qkv.topRows(T_);
-  MatrixRef<T> merged = ws.merged.topRows(T_);
-  const int n_threads = forward_threads(ws);
-  // x is fully read here: out may alias x
-  // (the shard's weights are not in the kernels' panel layout: the products pack B per call)
-  use_weight_dtype(ws, WeightDtype::float32);  // tensor-parallel shards are float32
-  projection_parallel<T>(x, tp.c_attn_weight(), nullptr, tp.c_attn_bias(), qkv, ws, n_threads);
-  const ConstMatrixRef<T> qkv_read = qkv;
-  if (cache) {
-    cache->append(qkv.middleCols(C_r, C_r), qkv.middleCols(2 * C_r, C_r));
-    const KVCache<T>& cached = *cache;
-    attend_heads<T>(
-        shard, qkv_read, [&](Index h) { return cached.keys(h); },
-        [&](Index h) { return cached.values(h); }, ws, merged, probs, n_threads,
-        [&](Index h) { return cached.transposed_key_blocks(h); });
-  } else {
-    attend_heads<T>(
-        shard, qkv_read, [&](Index h) { return k_view(qkv_read, shard, h); },
-        [&](Index h) { return v_view(qkv_read, shard, h); }, ws, merged, probs, n_threads);
+struct SublayerTraits<TensorParallelAttention<T>> {
+  static constexpr bool kIsSublayer = true;
+  static Sublayer<T> of(const TensorParallelAttention<T>& tp) {
+    Sublayer<T> s;
+    s.heads = tp.shard_config();
+    s.n_embd = tp.n_embd();
+    s.c_attn = {tp.c_attn_weight().data(), 3 * tp.shard_config().n_embd,
+                tp.packed_c_attn_weight(), tp.c_attn_bias().data()};
+    s.c_proj = {tp.c_proj_weight().data(), tp.n_embd(), tp.packed_c_proj_weight(),
+                tp.c_proj_bias().data()};
+    s.bf16_products = tp.weight_dtype() == WeightDtype::bf16;
+    s.shard = true;
+    s.probs_name = "probs (this rank's heads)";
+    return s;
   }
-  const ConstMatrixRef<T> merged_read = merged;
-  projection_parallel<T>(merged_read, tp.c_proj_weight(), nullptr, tp.c_proj_bias(), out, ws,
-                         n_threads);
-}
-
-template <class T>
-void tp_forward(const TensorParallelAttention<T>& tp, const ConstMatrixRef<T>& x,
-                Workspace<T>& ws, MatrixRef<T>& out, MatrixRef<T>* probs) {
-  const Index T_ = x.rows(), C = tp.n_embd(), H_r = tp.heads().count;
-  tp.agree(
-      [&] {
-        check_shape("x", {T_, C}, {x.rows(), x.cols()});
-        check_shape("out", {T_, C}, {out.rows(), out.cols()});
-        if (probs) check_shape("probs (this rank's heads)", {H_r * T_, T_}, {probs->rows(), probs->cols()});
-        check_shard_workspace(tp, ws);
-        if (T_ == 0) return;
-        tp.reserve(ws, T_);
-        check_workspace_overlap<T>(ws, T_, out, probs);
-      },
-      RankAgreement()
-          .add("the call", static_cast<int>(TpCall::plain))
-          .add("x's rows (T)", T_)
-          .add("whether probs are written", probs != nullptr));
-  if (T_ == 0) return;
-  shard_partial<T>(tp, x, nullptr, ws, out, probs);
-  tp.all_reduce_sum(out);
-}
-
-template <class T>
-void tp_forward_cached(const TensorParallelAttention<T>& tp, const ConstMatrixRef<T>& x,
-                       KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T>& out,
-                       MatrixRef<T>* probs) {
-  const Index T_ = x.rows(), C = tp.n_embd(), H_r = tp.heads().count, n_past = cache.n_past();
-  tp.agree(
-      [&] {
-        check_shape("x", {T_, C}, {x.rows(), x.cols()});
-        check_shape("out", {T_, C}, {out.rows(), out.cols()});
-        if (probs)
-          check_shape("probs (this rank's heads)", {H_r * T_, n_past + T_},
-                      {probs->rows(), probs->cols()});
-        check_shard_workspace(tp, ws);
-        check_shard_cache(tp, cache);
-        cache.check_room(T_);
-        if (overlaps(out, cache.key_storage()) || overlaps(out, cache.value_storage()))
-          throw ShapeError("out: must not overlap the KV cache");
-        if (probs && (overlaps(*probs, cache.key_storage()) ||
-                      overlaps(*probs, cache.value_storage())))
-          throw ShapeError("probs: must not overlap the KV cache");
-        tp.reserve(ws, T_, cache.capacity());
-        check_workspace_overlap<T>(ws, T_, out, probs);
-      },
-      RankAgreement()
-          .add("the call", static_cast<int>(TpCall::cached))
-          .add("x's rows (T_new)", T_)
-          .add("the cached positions (n_past)", n_past)
-          .add("whether probs are written", probs != nullptr));
-  if (T_ == 0) return;
-  try {
-    shard_partial<T>(tp, x, &cache, ws, out, probs);
+  template <class F>
+  static void agree(const TensorParallelAttention<T>& tp, const F& check, const CallShape& shape) {
+    tp.agree(check, shape);
+  }
+  static void all_reduce(const TensorParallelAttention<T>& tp, MatrixRef<T>& out) {
     tp.all_reduce_sum(out);
-  } catch (...) {
-    cache.truncate(n_past);
-    throw;
   }
-}
-
-template <class T>
-void tp_batch_forward(const TensorParallelAttention<T>& tp, const ConstMatrixRef<T>& x,
-                      const BatchLayout& batch, Workspace<T>& ws, MatrixRef<T>& out) {
-  Index total = 0;
-  for (Index b = 0; b < batch.batch(); ++b) total += batch.length(b);
-  tp.agree(
-      [&] {
-        check_batch_io<T>(batch, tp.n_embd(), x, out);
-        check_shard_workspace(tp, ws);
-        tp.reserve(ws, batch.max_length());
-        for (Index b = 0; b < batch.batch(); ++b) {
-          const MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
-          try {
-            check_workspace_overlap<T>(ws, batch.length(b), out_b, nullptr);
-          } catch (...) {
-            rethrow_for_sequence(b);
-          }
-        }
-      },
-      RankAgreement()
-          .add("the call", static_cast<int>(TpCall::batch))
-          .add("the batch size (B)", batch.batch())
-          .add("the padded length (T)", batch.tokens())
-          .add("the real rows (sum of lengths)", total));
-  for (Index b = 0; b < batch.batch(); ++b) {
-    shard_partial<T>(tp, x.middleRows(batch.first_row(b), batch.length(b)), nullptr, ws,
-                     out.middleRows(batch.first_row(b), batch.length(b)), nullptr);
-    zero_padding<T>(batch, b, out);  // zero on every rank: the sum stays 0
-  }
-  tp.all_reduce_sum(out);
-}
-
-template <class T, class CacheAt>
-void tp_batch_forward_cached(const TensorParallelAttention<T>& tp, const ConstMatrixRef<T>& x,
-                             const BatchLayout& batch, const CacheAt& caches, Index n_caches,
-                             Workspace<T>& ws, MatrixRef<T>& out) {
-  const Index B = batch.batch();
-  Index total = 0, past = 0;
-  for (Index b = 0; b < B; ++b) {
-    total += batch.length(b);
-    if (n_caches == B) past += caches(b).n_past();
-  }
-  tp.agree(
-      [&] {
-        if (n_caches != B)
-          throw ShapeError("caches: expected one KV cache per sequence (" + std::to_string(B) +
-                           "), got " + std::to_string(n_caches));
-        check_batch_io<T>(batch, tp.n_embd(), x, out);
-        check_shard_workspace(tp, ws);
-        Index max_keys = batch.max_length();
-        for (Index b = 0; b < B; ++b) {
-          const KVCache<T>& cache = caches(b);
-          try {
-            check_shard_cache(tp, cache);
-            cache.check_room(batch.length(b));
-            const MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
-            if (overlaps(out_b, cache.key_storage()) || overlaps(out_b, cache.value_storage()))
-              throw ShapeError("out: must not overlap the KV cache");
-          } catch (...) {
-            rethrow_for_sequence(b);
-          }
-          max_keys = std::max(max_keys, cache.capacity());
-        }
-        tp.reserve(ws, batch.max_length(), max_keys);
-        for (Index b = 0; b < B; ++b) {
-          const MatrixRef<T> out_b = out.middleRows(batch.first_row(b), batch.length(b));
-          try {
-            check_workspace_overlap<T>(ws, batch.length(b), out_b, nullptr);
-            check_input_outside_workspace<T>(ws, batch.length(b),
-                                             x.middleRows(batch.first_row(b), batch.length(b)));
-          } catch (...) {
-            rethrow_for_sequence(b);
-          }
-        }
-      },
-      RankAgreement()
-          .add("the call", static_cast<int>(TpCall::batch_cached))
-          .add("the batch size (B)", B)
-          .add("the padded length (T)", batch.tokens())
-          .add("the real rows (sum of lengths)", total)
-          .add("the cached positions (sum of n_past)", past));
-  Index done = 0;  // caches 0 .. done - 1 have been appended to
-  try {
-    for (; done < B; ++done) {
-      const Index n = batch.length(done);
-      if (n > 0)
-        shard_partial<T>(tp, x.middleRows(batch.first_row(done), n), &caches(done), ws,
-                         out.middleRows(batch.first_row(done), n), nullptr);
-      zero_padding<T>(batch, done, out);
-    }
-    tp.all_reduce_sum(out);
-  } catch (...) {  // an MPI error: every cache back to where it was
-    for (Index b = 0; b < done; ++b) caches(b).truncate(caches(b).n_past() - batch.length(b));
-    throw;
-  }
-}
+};
 
 }  // namespace detail
-
-// The tensor-parallel forwards: the same calls as the single-process ones (forward.hpp,
-// incremental.hpp, batch.hpp) with `tp` in place of the weights, a workspace from tp.workspace()
-// and caches from tp.cache(). Collectives: every rank calls them with the same shapes; every rank
-// gets the whole out [T, C] (x and out [T, C] / [B * T, C] are full-width on every rank).
-// probs, where written, are this rank's heads only: [H_r * T, n_keys], rows h*T .. of head
-// tp.heads().begin + h (gather them with tp.gather_heads).
-// PyTorch (HF): GPT2Attention(x)[0], the heads split over the ranks.
-template <class T, class D>
-void attention_forward(const TensorParallelAttention<T>& tp, const Eigen::MatrixBase<D>& x,
-                       Workspace<T>& ws, MatrixRef<T> out) {
-  detail::tp_forward<T>(tp, detail::as_view<T>(x), ws, out, nullptr);
-}
-template <class T, class D>
-void attention_forward(const TensorParallelAttention<T>& tp, const Eigen::MatrixBase<D>& x,
-                       Workspace<T>& ws, MatrixRef<T> out, MatrixRef<T> probs) {
-  detail::tp_forward<T>(tp, detail::as_view<T>(x), ws, out, &probs);
-}
-
-// Through a KV cache of this rank's heads (tp.cache(max_tokens)).
-template <class T, class D>
-void attention_forward(const TensorParallelAttention<T>& tp, const Eigen::MatrixBase<D>& x,
-                       KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T> out) {
-  detail::tp_forward_cached<T>(tp, detail::as_view<T>(x), cache, ws, out, nullptr);
-}
-template <class T, class D>
-void attention_forward(const TensorParallelAttention<T>& tp, const Eigen::MatrixBase<D>& x,
-                       KVCache<T>& cache, Workspace<T>& ws, MatrixRef<T> out,
-                       MatrixRef<T> probs) {
-  detail::tp_forward_cached<T>(tp, detail::as_view<T>(x), cache, ws, out, &probs);
-}
-
-// A padded batch (sequence by sequence; one all-reduce for the whole batch).
-template <class T, class D>
-void attention_forward(const TensorParallelAttention<T>& tp, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, Workspace<T>& ws, MatrixRef<T> out) {
-  detail::tp_batch_forward<T>(tp, detail::as_view<T>(x), batch, ws, out);
-}
-
-// A padded batch through one cache per sequence (each over this rank's heads).
-template <class T, class D>
-void attention_forward(const TensorParallelAttention<T>& tp, const Eigen::MatrixBase<D>& x,
-                       const BatchLayout& batch, std::vector<KVCache<T>>& caches,
-                       Workspace<T>& ws, MatrixRef<T> out) {
-  detail::tp_batch_forward_cached<T>(
-      tp, detail::as_view<T>(x), batch,
-      [&](Index b) -> KVCache<T>& { return caches[static_cast<std::size_t>(b)]; },
-      static_cast<Index>(caches.size()), ws, out);
-}
 
 }  // namespace gpt2

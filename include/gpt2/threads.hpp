@@ -14,10 +14,9 @@
 // keeps a team of num_threads() - 1 workers, started by the first Workspace it makes or reserves
 // (or its first multi-threaded forward) and joined when it exits. Between forwards the workers
 // wait as OMP_WAIT_POLICY says: by default they poll for 100 us, yield the CPU between polls up to
-// 2 ms, then sleep; PASSIVE: they sleep at once; ACTIVE: they never sleep. So a decode step, a
-// 100-us affair, pays no thread start-up or wake-up (OpenMP's region start and end cost 10-20 us
-// of one in a virtual machine: docs/speed.md). A forked child makes its teams anew. If the OS
-// refuses a thread, the forwards run on the calling thread.
+// 2 ms, then sleep; PASSIVE: they sleep at once; ACTIVE: they never sleep. So a decode step pays
+// no thread start-up or wake-up (detail/worker_team.hpp says why not OpenMP's regions). A forked
+// child makes its teams anew. If the OS refuses a thread, the forwards run on the calling thread.
 //
 // Every translation unit of a program must agree on whether OpenMP is on (one binary, one setting),
 // as for any header-only library whose code depends on a compiler flag.

@@ -1,5 +1,8 @@
-// Workspace<T>: all the scratch of attention_forward, allocated once and reused, so repeated
-// forwards over at most capacity() tokens allocate nothing.
+// Scratch, allocated once and reused so that repeated forwards allocate nothing:
+//   AttentionScratch<T>  one thread's scratch for one head's attention (the fused core's tile,
+//                        and the probabilities' score rows once they are asked for)
+//   GemmScratch<T>       one thread's packing buffers of the products (kernels/gemm_scratch.hpp)
+//   Workspace<T>         everything a forward needs: qkv, merged, and the above per thread
 #pragma once
 
 #include <algorithm>
@@ -9,44 +12,94 @@
 #include <utility>
 #include <vector>
 
-#include "gpt2/causal_attention.hpp"
 #include "gpt2/config.hpp"
 #include "gpt2/detail/aligned_matrix.hpp"
-#include "gpt2/gemm.hpp"
-#include "gpt2/parallel.hpp"
+#include "gpt2/detail/parallel.hpp"
+#include "gpt2/error.hpp"
+#include "gpt2/kernels/attention_tile.hpp"
+#include "gpt2/kernels/gemm_scratch.hpp"
 #include "gpt2/threads.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
 
-// The scratch one thread of a forward works in: an attention score tile with its packing
-// buffers, and the packing buffers of its share of the projections.
+// The score rows of the probabilities start on 64-byte boundaries (their column count is rounded up
+// to a multiple of kScoreRowAlign scalars), so every row has the alignment of the first: the
+// generic level's vectorized exp and sum then split a row at the same places whatever its width.
+template <class T>
+constexpr Index kScoreRowAlign = 64 / static_cast<Index>(sizeof(T));
+
+// One thread's scratch for the attention of one head: the fused core's tile buffer
+// (kernels::tile_scratch_size: independent of the number of keys) and, only once probabilities are
+// asked for, their [kTileMaxRows, n_keys] score rows and a block of keys widened from bf16. Grows on
+// demand; reserve() (and reserve_probabilities()) up front for allocation-free calls. Not
+// thread-safe: one per thread.
+template <class T>
+class AttentionScratch {
+ public:
+  AttentionScratch() = default;
+  AttentionScratch(Index max_keys, Index head_dim) { reserve(max_keys, head_dim); }
+
+  // Room for attention over up to max_keys keys of width head_dim without probabilities (the tile
+  // buffer's size does not depend on max_keys). If an allocation throws, the scratch stays usable.
+  void reserve(Index max_keys, Index head_dim) {
+    (void)max_keys;
+    reserve_tile(head_dim);
+  }
+
+  // Room for the probabilities of up to max_keys keys too.
+  void reserve_probabilities(Index max_keys, Index head_dim) {
+    reserve_tile(head_dim);
+    if (widened.rows() < kernels::kKeyBlock || widened.cols() < head_dim) {
+      RowMatrix<T> grown(kernels::kKeyBlock, head_dim);
+      widened.swap(grown);
+    }
+    if (scores.cols() < max_keys) {
+      const Index cols = (max_keys + kScoreRowAlign<T> - 1) / kScoreRowAlign<T> * kScoreRowAlign<T>;
+      RowMatrix<T> grown(kernels::kTileMaxRows, cols);  // allocate first: scores stays valid
+      scores.swap(grown);
+    }
+  }
+
+  // The fused core's buffer for head_dim (allocated when it is smaller; 64-byte aligned).
+  void reserve_tile(Index head_dim) {
+    const Index want = kernels::tile_scratch_size<T>(head_dim, bf16_products_);
+    if (tile_size_ >= want) return;
+    const std::size_t bytes = static_cast<std::size_t>(want) * sizeof(T);
+    std::unique_ptr<T, AlignedDelete> grown(
+        static_cast<T*>(::operator new(bytes, std::align_val_t(64))));
+    tile_.swap(grown);
+    tile_size_ = want;
+  }
+  T* tile() { return tile_.get(); }
+
+  // Whether the fused core's products run in bf16 (the weights' precision, set by the forwards):
+  // where a level has a bf16 core for them, its buffer may be larger (reserve_tile).
+  bool bf16_products() const { return bf16_products_; }
+  void set_bf16_products(bool on) { bf16_products_ = on; }
+
+  Index bytes() const {
+    return (tile_size_ + scores.size() + widened.size()) * static_cast<Index>(sizeof(T));
+  }
+
+  RowMatrix<T> scores;    // [kTileMaxRows, max_keys rounded up to kScoreRowAlign<T>]
+  RowMatrix<T> widened;   // [kKeyBlock, head_dim]: a block of bf16 keys widened (probabilities)
+
+ private:
+  struct AlignedDelete {
+    void operator()(T* p) const { ::operator delete(p, std::align_val_t(64)); }
+  };
+  std::unique_ptr<T, AlignedDelete> tile_;
+  Index tile_size_ = 0;
+  bool bf16_products_ = false;
+};
+
+// The scratch one thread of a forward works in.
 template <class T>
 struct ThreadScratch {
   AttentionScratch<T> attention;
   GemmScratch<T> gemm;
-  // Keys then values of a bf16 KV cache widened to T (incremental_bf16.hpp): [2 * rows, head_dim],
-  // and the page tables that point the fused core at them. Empty until such a forward runs.
-  RowMatrix<T> kv_widened;
-  std::vector<const T*> key_pages, value_pages;
-
-  // Room for `rows` widened keys and values of width head_dim, and page tables of n_pages entries.
-  void reserve_kv_widened(Index rows, Index head_dim, Index n_pages) {
-    if (kv_widened.rows() < 2 * rows || kv_widened.cols() != head_dim) {
-      RowMatrix<T> grown(2 * rows, head_dim);
-      kv_widened.swap(grown);
-    }
-    if (static_cast<Index>(key_pages.size()) < n_pages) {
-      key_pages.resize(static_cast<std::size_t>(n_pages));
-      value_pages.resize(static_cast<std::size_t>(n_pages));
-    }
-  }
-
-  Index bytes() const {
-    return attention.bytes() + gemm.bytes() +
-           (kv_widened.size() * static_cast<Index>(sizeof(T))) +
-           static_cast<Index>((key_pages.size() + value_pages.size()) * sizeof(const T*));
-  }
+  Index bytes() const { return attention.bytes() + gemm.bytes(); }
 };
 
 // Owns: qkv [capacity, 3C], merged [capacity, C] and one ThreadScratch per thread a forward may
@@ -67,18 +120,7 @@ class Workspace {
   }
 
   // Moving leaves the source empty (capacity 0) and still usable: it grows again on demand.
-  Workspace(Workspace&& other) noexcept
-      : qkv(std::move(other.qkv)),
-        merged(std::move(other.merged)),
-        threads(std::move(other.threads)),
-        config_(other.config_),
-        capacity_(std::exchange(other.capacity_, 0)),
-        key_capacity_(std::exchange(other.key_capacity_, 0)),
-        probabilities_(std::exchange(other.probabilities_, false)),
-        partials_(std::move(other.partials_)),
-        partials_size_(std::exchange(other.partials_size_, 0)) {
-    other.threads.clear();
-  }
+  Workspace(Workspace&& other) noexcept : config_(other.config_) { swap(other); }
   Workspace& operator=(Workspace&& other) noexcept {
     if (&other != this) {
       Workspace moved(std::move(other));
@@ -97,9 +139,10 @@ class Workspace {
     std::swap(probabilities_, other.probabilities_);
     partials_.swap(other.partials_);
     std::swap(partials_size_, other.partials_size_);
+    qkv_pages_.swap(other.qkv_pages_);
   }
 
-  // The n_embd and n_head the buffers are shaped for (must match the weights of a forward).
+  // The n_embd and n_head the buffers are shaped for (the weights' heads).
   const AttentionConfig& config() const { return config_; }
   Index capacity() const { return capacity_; }          // tokens per forward
   Index key_capacity() const { return key_capacity_; }  // positions attended to
@@ -115,9 +158,8 @@ class Workspace {
 
   // Grows the buffers to hold max_tokens tokens attending to max_keys positions (default
   // max_tokens) on n_threads threads (default num_threads()). Allocates only when one of them is
-  // above the current capacity.
-  // Strong guarantee: everything is allocated before anything is replaced, so if an allocation
-  // throws (std::bad_alloc) the workspace is unchanged and still usable.
+  // above the current capacity. Strong guarantee: everything is allocated before anything is
+  // replaced, so if an allocation throws the workspace is unchanged and still usable.
   void reserve(Index max_tokens, Index max_keys = -1, int n_threads = num_threads()) {
     if (max_keys < -1)
       throw ShapeError("max_keys: expected a non-negative count (or -1: max_tokens), got " +
@@ -132,33 +174,35 @@ class Workspace {
     if (n_threads < 1)
       throw ConfigError("threads: expected a count of at least 1, got " +
                         std::to_string(n_threads));
-    // the calling thread's worker team, which its multi-threaded decode steps run on (parallel.hpp)
+    // the calling thread's worker team, which the forwards run on (detail/parallel.hpp)
     detail::start_worker_team(n_threads);
     const Index want_threads = std::max<Index>(n_threads, thread_capacity());
     if (max_tokens <= capacity_ && max_keys <= key_capacity_ && want_threads == thread_capacity())
       return;
     max_tokens = std::max(max_tokens, capacity_);
     max_keys = std::max(max_keys, key_capacity_);
-    const Index C = config_.n_embd;
+    const Index C = config_.n_embd, hd = config_.head_dim();
     detail::AlignedMatrix<T> grown_qkv(max_tokens, 3 * C, detail::RowStride::odd_lines),
         grown_merged(max_tokens, C, detail::RowStride::odd_lines);
     // a decode step split over threads: every head's per-block partials of its one row
     const Index want_partials = config_.n_head *
                                 ((max_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock) *
-                                kernels::partial_stride(config_.head_dim());
+                                kernels::partial_stride(hd);
     std::unique_ptr<T, AlignedDelete> grown_partials;
     if (want_partials > partials_size_)
       grown_partials.reset(static_cast<T*>(::operator new(
           static_cast<std::size_t>(want_partials) * sizeof(T), std::align_val_t(64))));
     std::vector<ThreadScratch<T>> grown_threads(static_cast<std::size_t>(want_threads));
     for (ThreadScratch<T>& t : grown_threads) {
-      t.attention.reserve(max_keys, config_.head_dim());
-      if (probabilities_) t.attention.reserve_probabilities(max_keys, config_.head_dim());
+      t.attention.reserve(max_keys, hd);
+      if (probabilities_) t.attention.reserve_probabilities(max_keys, hd);
       t.gemm.reserve(max_tokens, 3 * C, C);  // the larger of the two projections
     }
+    std::vector<const T*> grown_pages(2 * static_cast<std::size_t>(config_.n_head));
     qkv.swap(grown_qkv);
     merged.swap(grown_merged);
     threads.swap(grown_threads);
+    qkv_pages_.swap(grown_pages);
     if (grown_partials) {
       partials_.swap(grown_partials);
       partials_size_ = want_partials;
@@ -167,11 +211,9 @@ class Workspace {
     key_capacity_ = max_keys;
   }
 
-  // Room for forwards that also write the attention probabilities: the probabilities' score tile
-  // ([kAttentionRowBlock, key_capacity()] and packing buffers) on every thread, kept from then on
-  // (reserve() grows it too). A forward with probabilities calls it, so the first one allocates;
-  // call it up front for allocation-free forwards with probabilities. Without it the per-thread
-  // scratch does not depend on the number of keys.
+  // Room for forwards that also write the attention probabilities: their score rows on every
+  // thread, kept from then on (reserve() grows them too). A forward with probabilities calls it, so
+  // the first one allocates; call it up front for allocation-free forwards with probabilities.
   void reserve_probabilities() {
     for (ThreadScratch<T>& t : threads)
       t.attention.reserve_probabilities(key_capacity_, config_.head_dim());
@@ -183,24 +225,28 @@ class Workspace {
   T* partials() { return partials_.get(); }
   Index partials_size() const { return partials_size_; }
 
-  // 64-byte aligned (detail/aligned_matrix.hpp: rows of 3C or C floats start on a cache line when
-  // C is a multiple of 16), rows an odd number of cache lines apart (RowStride::odd_lines: so that
-  // a head's rows spread over every set of the caches); views as a RowMatrix's with an outer
-  // stride: qkv.topRows(T), qkv.data(), qkv.rows(), qkv.outerStride()
+  // Page tables of the keys and values of the rows in qkv (a forward without a cache reads them
+  // there): head h's key page at 2h, its value page at 2h + 1.
+  std::vector<const T*>& qkv_pages() { return qkv_pages_; }
+
+  // 64-byte aligned (detail/aligned_matrix.hpp), rows an odd number of cache lines apart
+  // (RowStride::odd_lines: a head's rows then spread over every set of the caches); views as a
+  // RowMatrix's with an outer stride: qkv.topRows(T), qkv.data(), qkv.rows(), qkv.outerStride()
   detail::AlignedMatrix<T> qkv;     // [capacity, 3C]
   detail::AlignedMatrix<T> merged;  // [capacity, C]
   std::vector<ThreadScratch<T>> threads;  // [thread_capacity]: thread t of a forward uses threads[t]
 
  private:
+  struct AlignedDelete {
+    void operator()(T* p) const { ::operator delete(p, std::align_val_t(64)); }
+  };
   AttentionConfig config_;
   Index capacity_ = 0;
   Index key_capacity_ = 0;
   bool probabilities_ = false;  // reserve_probabilities() was called
-  struct AlignedDelete {
-    void operator()(T* p) const { ::operator delete(p, std::align_val_t(64)); }
-  };
   std::unique_ptr<T, AlignedDelete> partials_;
   Index partials_size_ = 0;
+  std::vector<const T*> qkv_pages_;
 };
 
 }  // namespace gpt2

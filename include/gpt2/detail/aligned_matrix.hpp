@@ -4,8 +4,8 @@
 // Why: Eigen aligns its own matrices to EIGEN_MAX_ALIGN_BYTES, which is 16 in a build without
 // -march flags (the plain build this library is made for: its kernels are chosen at run time). A
 // row of 64 floats then straddles two cache lines, so every 64-byte vector load of it is a split
-// load. The KV caches' streams are read that way once per decode step; aligned, the same reads
-// ran 1.3-1.4x faster with the cache in L2/L3 (AMD Zen 5; docs/speed.md).
+// load. The KV caches' streams are read that way once per decode step; aligned, they are not
+// (the measurements: bench/results/history-speed.md).
 #pragma once
 
 #include <algorithm>

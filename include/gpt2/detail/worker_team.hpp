@@ -2,10 +2,9 @@
 // parallel_tasks and parallel_steps) and are kept from one call to the next. Internal.
 //
 // Why not an OpenMP region per call: libgomp's region start and end each make a futex_wake system
-// call and touch team structures that a decode step's 16 MB of streaming has pushed out of cache.
-// In a 2-core KVM guest (AMD Zen 5, where a system call costs about 1 us) that was 10-20 us of a
-// 120-140 us GPT-2 small decode step; the same step on a team whose worker spins between steps
-// ran 1.1-1.2x faster (docs/speed.md, "Decode steps on the library's own threads").
+// call and touch team structures that a decode step's streaming has pushed out of cache: a large
+// share of a decode step in a virtual machine, which a team whose workers spin between calls does
+// not pay (bench/results/history-speed.md, "Decode steps on the library's own threads").
 //
 // Each thread that runs forwards has a team of its own (WorkerTeam::of_this_thread), made on its
 // first use with num_threads() - 1 workers (Workspace::reserve makes it, so that the forwards

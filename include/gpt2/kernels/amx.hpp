@@ -20,15 +20,11 @@
 #include <cstring>
 #include <string>
 
+#include "gpt2/kernels/amx_tiles.hpp"
 #include "gpt2/kernels/avx512_bf16.hpp"
-#include "gpt2/kernels/bf16.hpp"
+#include "gpt2/kernels/layout.hpp"
 #include "gpt2/kernels/cpu.hpp"
 #include "gpt2/types.hpp"
-
-#if GPT2_KERNELS_HAVE_AMX
-#define GPT2_KERNEL_AMX \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,amx-tile,amx-bf16,avx2,fma")))
-#endif
 
 #if GPT2_KERNELS_HAVE_AMX
 namespace gpt2::kernels::amx {
@@ -43,24 +39,6 @@ inline constexpr Index kCopyFloats = kBlockRows * kCopyDepth / 2;
 inline constexpr Index kBlockFloats = kBlockRows * kBf16PanelCols;
 static_assert(kCopyFloats + (kColBlock / kBf16PanelCols) * kBlockFloats <= kPackFloats,
               "the amx product's scratch fits GemmScratch's buffer");
-
-// The tile configuration (palette 1): tmm0-3 C (16 x 64 bytes), tmm4-5 A (16 rows x 32 bf16),
-// tmm6-7 B (16 pair rows x 16 columns).
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1, start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
-GPT2_KERNEL_AMX inline void load_tile_config() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
-}
 
 // The C tiles of a 32 x 32 block (Rows = 32: four tiles; Rows = 16: the upper two) += A's row
 // tiles x the panel's two column tiles over `depth` k (a multiple of 32): a points at A's bf16

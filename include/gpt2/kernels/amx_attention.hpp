@@ -33,8 +33,8 @@
 #include <cstdint>
 #include <limits>
 
-#include "gpt2/kernels/amx.hpp"
 #include "gpt2/kernels/amx_attention_size.hpp"
+#include "gpt2/kernels/amx_tiles.hpp"
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/types.hpp"
@@ -44,7 +44,7 @@ namespace gpt2::kernels::amx {
 
 struct AmxTileScratch {
   std::uint16_t *qb, *ql, *kt, *kl, *vp, *vl, *pb, *pl;
-  float *s, *ob, *o, *m, *z, *l, *mb, *lb, *a, *c;
+  float *s, *ob, *o, *m, *z, *l, *mb, *lb, *a, *c, *kw, *vw;
   AmxTileScratch(float* base, Index D) {
     qb = reinterpret_cast<std::uint16_t*>(base);        // [256, D]
     ql = qb + kAmxTileMaxRows * D;                      // [256, D]
@@ -64,6 +64,8 @@ struct AmxTileScratch {
     lb = mb + 64;
     a = lb + 64;
     c = a + 64;
+    kw = c + 64;                                        // [64, D] a block's keys widened from bf16
+    vw = kw + 64 * D;                                   // [64, D] its values
   }
 };
 
@@ -331,8 +333,7 @@ GPT2_KERNEL_AMX inline void attention_tile_bf16(const AttentionTile<float>& t) {
   const float* vrow[kKeyBlock];
   for (Index b = 0; b * kKeyBlock < n_keys; ++b) {
     const Index j0 = b * kKeyBlock, nk = std::min(kKeyBlock, n_keys - j0);
-    page_rows_of(t.key_pages, t.page_rows, t.key_stride, j0, nk, krow);
-    page_rows_of(t.value_pages, t.page_rows, t.value_stride, j0, nk, vrow);
+    block_rows<float>(t, j0, nk, krow, vrow, ts.kw, ts.vw);
     pack_keys_bf16(krow, nk, D, ts.kt, ts.kl);  // once per block for every row group
     const bool values_finite = pack_values_bf16(vrow, nk, D, ts.vp, ts.vl);
     for (Index g0 = 0; g0 < rows; g0 += 64) {  // the row groups that see the block
@@ -359,6 +360,23 @@ GPT2_KERNEL_AMX inline void attention_tile_bf16(const AttentionTile<float>& t) {
     for (Index d = 0; d < D; d += 16)
       _mm512_storeu_ps(t.out + i * t.ldo + d, _mm512_div_ps(_mm512_load_ps(ts.o + i * D + d), l));
   }
+}
+
+// The amx level's tile: the AMX core for a bf16 tile (bf16 weights) of kAmxMinRows rows or more
+// whose head size it takes, avx512's float32 core for every other (decode steps among them: one
+// row would pay for packing every key block into a 16-row tile).
+GPT2_KERNEL_AMX inline void attention_tile(const AttentionTile<float>& t) {
+  if (t.bf16 && t.rows >= kAmxMinRows && attention_fits(t.head_dim))
+    attention_tile_bf16(t);
+  else
+    avx512::attention_tile(t);
+}
+
+// Query rows per tile: the AMX core's kAmxTileMaxRows for bf16 products without probabilities
+// (each key block packed once for 4 row groups), else kTileMaxRows.
+inline Index tile_rows(bool bf16_products, Index head_dim, bool probabilities) {
+  return bf16_products && !probabilities && attention_fits(head_dim) ? kAmxTileMaxRows
+                                                                     : kTileMaxRows;
 }
 
 }  // namespace gpt2::kernels::amx

@@ -1,8 +1,10 @@
 // The fused attention core's interface: one tile of query rows of one head attends causally over
 // keys and values held in pages, with an online softmax over fixed key blocks.
 //
-//   tile.rows query rows (1 .. kTileMaxRows); row i is position first_pos + i and sees keys
-//   0 .. first_pos + i. out[i] = sum_j softmax_j(q_i . k_j * scale) v_j.
+//   tile.rows query rows (1 .. kTileMaxRows; the amx level's bf16 core takes up to 256); row i is
+//   position first_pos + i and sees keys 0 .. first_pos + i. out[i] = sum_j softmax_j(q_i . k_j *
+//   scale) v_j. Keys and values are float32 (double for the generic level's double tiles) or bf16
+//   bits (a bf16 cache: key_pages_bf16, widened exactly as they are read).
 //
 // The arithmetic of one row, written here once for every level (so that a row gives the same bits
 // whatever tile, chunk, batch or thread count it is computed in: only its own position and data
@@ -24,17 +26,15 @@
 // stays NaN, 0 below t = -126, t capped at 127; n = nearbyint(t), f = t - n (exact),
 // y = 1 + f (c1 + f (c2 + ... + f c6)) by Horner's rule in fused multiply-adds (p = c6,
 // p = fma(p, f, c_k) for k = 5 .. 1, y = fma(p, f, 1); kExp2Poly), then y 2^n rounded once.
-// (7 multiplies and fused multiply-adds where the Cephes-style exp of kernels/dispatch.hpp's
-// softmax_row takes 10; the softmax was a tenth of the core's time: docs/speed.md.)
 // The vector levels (avx2, avx512) implement exactly this and give identical bits
 // (tests/test_attention_core.cpp checks both against the scalar emulation of
 // tests/kernel_emulation.hpp). At avx512_bf16 a bf16 tile (bf16 weights) computes s_j and o_b of
-// the blocks before a row's own in bf16 pairs instead (kernels/avx512_bf16_attention.hpp); every
-// other step is the same. The generic level (float and double) runs the same steps in plain
-// C++ (std::exp2 of x log2 e; products and sums as the compiler contracts them), so its rows are
-// exact too, but its bits are its own.
+// the blocks before a row's own in bf16 pairs instead (kernels/avx512_bf16_attention.hpp), and at
+// amx a bf16 tile of 16 rows or more runs on AMX tiles (kernels/amx_attention.hpp). The generic
+// level (float and double) runs the same steps in plain C++ (std::exp2 of x log2 e; products and
+// sums as the compiler contracts them), so its rows are exact too, but its bits are its own.
 //
-// Per-thread scratch: attention_scratch_size(head_dim) scalars, 64-byte aligned: independent of
+// Per-thread scratch: tile_scratch_size(head_dim, bf16) scalars, 64-byte aligned: independent of
 // the number of keys.
 #pragma once
 
@@ -43,7 +43,36 @@
 #include <cstdint>
 #include <limits>
 
+#include "gpt2/kernels/amx_attention_size.hpp"
+#include "gpt2/kernels/cpu.hpp"
+#include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
+
+namespace gpt2 {
+
+// One head's keys and values held in pages of page_rows positions, in the element type E the cache
+// stores (float, double, or std::uint16_t: bf16 bits): key row j (0 <= j < n_keys) is
+//   key_pages[j / page_rows] + (j % page_rows) * row_stride   (head_dim contiguous elements),
+// value row j likewise in value_pages (value_stride, or row_stride when 0). page_rows is a
+// multiple of 16, or >= n_keys (one page). What every KV cache gives the attention core
+// (kv_cache.hpp: head_pages(h)).
+template <class E>
+struct HeadPages {
+  const E* const* key_pages = nullptr;
+  const E* const* value_pages = nullptr;
+  Index page_rows = 0;
+  Index row_stride = 0;
+  Index n_keys = 0;
+  Index head_dim = 0;
+  // Optional: the keys transposed in 64-key blocks (a contiguous cache's transposed_key_blocks(h):
+  // block b's element (d, j) is key 64 b + j, component d, at keys_t[(b * head_dim + d) * 64 + j]),
+  // read by the vector levels' one-row steps instead of the key rows (the same bits). Null: none.
+  const E* keys_t = nullptr;
+  Index value_stride = 0;  // 0: row_stride
+  Index values_stride() const { return value_stride > 0 ? value_stride : row_stride; }
+};
+
+}  // namespace gpt2
 
 namespace gpt2::kernels {
 
@@ -82,8 +111,9 @@ struct AttentionTile {
   T* scratch = nullptr;  // attention_scratch_size<T>(head_dim) scalars, 64-byte aligned
   bool bf16 = false;     // the products in bf16 (bf16 weights): the amx level's AMX core, the
                          // avx512_bf16 level's VDPBF16PS before a row's own block
-  // Keys and values as bf16 bits (a KVCacheBF16), read instead of key_pages and value_pages by the
-  // kernels that take them (FloatKernels::row_partials_kv_bf16); strides then in bf16 elements.
+  // Keys and values as bf16 bits (a bf16 cache), read instead of key_pages and value_pages when
+  // set (strides then in bf16 elements): widened exactly, so a tile gives the bits it gives on
+  // float32 pages holding the widened values.
   const std::uint16_t* const* key_pages_bf16 = nullptr;
   const std::uint16_t* const* value_pages_bf16 = nullptr;
   // Optional: the same keys transposed in key blocks (a KV cache's transposed_key_blocks): block
@@ -103,14 +133,26 @@ struct AttentionTile {
 inline Index padded_head_dim(Index head_dim) { return (head_dim + 15) / 16 * 16; }
 
 // Scratch of one tile: qs and o [kTileMaxRows, padded], qs^T [padded, kTileMaxRows], k^T of up to
-// kDecodeBlocks blocks [padded, kKeyBlock] each, the
-// block's values [kKeyBlock, padded], its p [kTileMaxRows, kKeyBlock], and five per-row scalars
-// (m, z, l, a, c), rounded up.
+// kDecodeBlocks blocks [padded, kKeyBlock] each, the block's values [kKeyBlock, padded], its p
+// [kTileMaxRows, kKeyBlock], five per-row scalars (m, z, l, a, c), rounded up, and a block's keys
+// and values widened from bf16 [kKeyBlock, padded] each.
 template <class T>
 Index attention_scratch_size(Index head_dim) {
   const Index hdp = padded_head_dim(head_dim);
-  return 3 * kTileMaxRows * hdp + (kDecodeBlocks + 1) * hdp * kKeyBlock +
+  return 3 * kTileMaxRows * hdp + (kDecodeBlocks + 3) * hdp * kKeyBlock +
          kTileMaxRows * kKeyBlock + 8 * kTileMaxRows;
+}
+
+// Scratch of a tile at any level: the float core's, or with bf16 products (bf16 weights) the AMX
+// core's where this build has it (the level may change between forwards: set_isa).
+template <class T>
+Index tile_scratch_size(Index head_dim, bool bf16_products) {
+  Index n = attention_scratch_size<T>(head_dim);
+#if GPT2_KERNELS_HAVE_AMX
+  if (bf16_products) n = std::max(n, amx::attention_floats(head_dim));
+#endif
+  (void)bf16_products;
+  return n;
 }
 
 // Where the scratch's parts start (each a multiple of 16 scalars from the base).
@@ -127,6 +169,8 @@ struct TileScratch {
   T* l;      // running sum
   T* a;      // this block's factor on the running values
   T* c;      // this block's factor on its own values
+  T* kw;     // [kKeyBlock, hdp] a block's keys widened from bf16
+  T* vw;     // [kKeyBlock, hdp] its values widened
   TileScratch(T* base, Index head_dim) {
     const Index hdp = padded_head_dim(head_dim);
     qs = base;
@@ -140,6 +184,8 @@ struct TileScratch {
     l = z + kTileMaxRows;
     a = l + kTileMaxRows;
     c = a + kTileMaxRows;
+    kw = m + 8 * kTileMaxRows;
+    vw = kw + kKeyBlock * hdp;
   }
 };
 
@@ -192,8 +238,7 @@ inline bool rows_aligned(const E* const* rows, Index n) {
 // The head_dim elements (float32 or bf16 bits, E) of rows[0 .. n) fetched into cache ahead of their
 // use. A decode step over key rows reads each once, in the order of its 16 x 16 transposes (64
 // bytes of each of 16 rows at a time, not row after row), which the hardware's prefetchers follow
-// poorly: without this the step waited on memory (AMD Zen 5, a bf16 cache: 7 GB/s of the 31 one
-// core reads; docs/speed.md).
+// poorly (the measurements: CHANGELOG.md, 0.2.0).
 template <class E>
 inline void prefetch_rows(const E* const* rows, Index n, Index head_dim) {
   const std::uintptr_t bytes = static_cast<std::uintptr_t>(head_dim) * sizeof(E);
@@ -247,158 +292,37 @@ inline Index visible_in_block(Index pos, Index b0) {
   return std::max<Index>(0, std::min<Index>(kKeyBlock, pos + 1 - b0));
 }
 
-namespace generic {
-
-#if defined(_MSC_VER)
-#define GPT2_KERNEL_NOINLINE __declspec(noinline)
-#else
-#define GPT2_KERNEL_NOINLINE __attribute__((noinline))
-#endif
-
-// e^x as 2^(x log2 e), with the interface's edge cases (NaN stays NaN; the caller never passes
-// +inf - +inf).
+// rows[i] = row i of the n rows at rows_in, widened from bf16 into buf (row stride ld, zeros past
+// head_dim), and rows_out[i] points at it.
 template <class T>
-T block_exp(T x) {
-  return std::exp2(x * static_cast<T>(kLog2e));
-}
-
-// The running state of one row: max, reference point, sum, o [hdp].
-template <class T>
-struct RowState {
-  T m, z, l;
-  T* o;
-};
-
-// One row's partial over the block at b0 (n visible keys; kt its k^T, vrow its values), written to
-// part (layout of partial_stride). Out of line, so that every caller runs these very operations.
-template <class T>
-GPT2_KERNEL_NOINLINE void block_partial(const T* qs, Index head_dim, const T* kt, Index n,
-                                        const T* const* vrow, T* part) {
-  const T minus_inf = -std::numeric_limits<T>::infinity();
-  T score[kKeyBlock] = {};
-  for (Index d = 0; d < head_dim; ++d) {
-    const T qd = qs[d];
-    const T* kd = kt + d * kKeyBlock;
-    for (Index j = 0; j < kKeyBlock; ++j) score[j] += qd * kd[j];
-  }
-  T mb = minus_inf;
-  bool nan = false;
-  for (Index j = 0; j < n; ++j) {
-    nan = nan || std::isnan(score[j]);
-    mb = std::max(mb, score[j]);
-  }
-  if (nan) mb = std::numeric_limits<T>::quiet_NaN();
-  const T zb = mb == minus_inf ? T(0) : mb;
-  T p[kKeyBlock];
-  T lanes[16] = {};
-  for (Index j = 0; j < kKeyBlock; ++j) {
-    p[j] = j < n ? block_exp<T>(score[j] - zb) : T(0);
-    lanes[j % 16] += p[j];
-  }
-  for (Index half = 8; half >= 1; half /= 2)
-    for (Index i = 0; i < half; ++i) lanes[i] += lanes[i + half];
-  part[0] = mb;
-  part[1] = zb;
-  part[2] = lanes[0];
-  T* ob = part + kPartialHeader;
-  std::fill(ob, ob + head_dim, T(0));
-  for (Index j = 0; j < n; ++j) {
-    const T pj = p[j];
-    const T* v = vrow[j];
-    for (Index d = 0; d < head_dim; ++d) ob[d] += pj * v[d];
+inline void widen_rows(const std::uint16_t* const* rows_in, Index n, Index head_dim, T* buf,
+                       Index ld, const T** rows_out) {
+  for (Index i = 0; i < n; ++i) {
+    T* dst = buf + i * ld;
+    const std::uint16_t* src = rows_in[i];
+    for (Index d = 0; d < head_dim; ++d) dst[d] = static_cast<T>(bf16_to_float(src[d]));
+    for (Index d = head_dim; d < ld; ++d) dst[d] = T(0);
+    rows_out[i] = dst;
   }
 }
 
-// Merges a partial into the row's running state (the header's merge step).
+// The key and value rows j0 .. j0 + n - 1 (n <= kKeyBlock) of tile t as T rows: where they lie in
+// t's float pages, or for bf16 pages widened into kbuf and vbuf ([kKeyBlock, padded_head_dim]
+// each: TileScratch's kw and vw). The multi-row tiles of every level read their blocks through it.
 template <class T>
-GPT2_KERNEL_NOINLINE void fold_partial(const T* part, Index head_dim, RowState<T>& st) {
-  const T minus_inf = -std::numeric_limits<T>::infinity();
-  const T mb = part[0], zb = part[1], lb = part[2];
-  const T m_new = (std::isnan(st.m) || std::isnan(mb)) ? std::numeric_limits<T>::quiet_NaN()
-                                                       : std::max(st.m, mb);
-  const T z_new = m_new == minus_inf ? T(0) : m_new;
-  const T a = st.m == minus_inf ? T(0) : block_exp<T>(st.z - z_new);
-  const T c = mb == minus_inf ? T(0) : block_exp<T>(zb - z_new);
-  st.l = lb * c + st.l * a;
-  st.m = m_new;
-  st.z = z_new;
-  const T* ob = part + kPartialHeader;
-  for (Index d = 0; d < head_dim; ++d) st.o[d] = ob[d] * c + st.o[d] * a;
-}
-
-// kt[d][j] = rows[j][d] for j < n (block keys), d < head_dim.
-template <class T>
-void pack_keys_t(const T* const* rows, Index n, Index head_dim, T* kt) {
-  for (Index j = 0; j < n; ++j)
-    for (Index d = 0; d < head_dim; ++d) kt[d * kKeyBlock + j] = rows[j][d];
-  for (Index j = n; j < kKeyBlock; ++j)
-    for (Index d = 0; d < head_dim; ++d) kt[d * kKeyBlock + j] = T(0);
-}
-
-// The tile, in plain C++ (float or double): the steps of the header's comment, row by row, each
-// block a partial merged in order.
-template <class T>
-void attention_tile(const AttentionTile<T>& t) {
-  const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
-  TileScratch<T> s(t.scratch, hd);
-  for (Index r = 0; r < nb; ++r) {
-    for (Index d = 0; d < hd; ++d) s.qs[r * hdp + d] = t.q[r * t.ldq + d] * t.scale;
-    std::fill(s.o + r * hdp, s.o + r * hdp + hdp, T(0));
-    s.m[r] = -std::numeric_limits<T>::infinity();
-    s.z[r] = T(0);
-    s.l[r] = T(0);
+inline void block_rows(const AttentionTile<T>& t, Index j0, Index n, const T** krow,
+                       const T** vrow, T* kbuf, T* vbuf) {
+  if (t.key_pages_bf16 == nullptr) {
+    page_rows_of<T>(t.key_pages, t.page_rows, t.key_stride, j0, n, krow);
+    page_rows_of<T>(t.value_pages, t.page_rows, t.value_stride, j0, n, vrow);
+    return;
   }
-  const Index last = t.first_pos + nb - 1;
-  const T* krow[kKeyBlock];
-  const T* vrow[kKeyBlock];
-  T* part = s.vb;  // one partial at a time
-  for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
-    const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
-    page_rows_of<T>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
-    page_rows_of<T>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
-    pack_keys_t<T>(krow, n_blk, hd, s.kt);
-    for (Index r = std::max<Index>(0, b0 - t.first_pos); r < nb; ++r) {
-      block_partial<T>(s.qs + r * hdp, hd, s.kt, visible_in_block(t.first_pos + r, b0), vrow,
-                       part);
-      RowState<T> st{s.m[r], s.z[r], s.l[r], s.o + r * hdp};
-      fold_partial<T>(part, hd, st);
-      s.m[r] = st.m;
-      s.z[r] = st.z;
-      s.l[r] = st.l;
-    }
-  }
-  for (Index r = 0; r < nb; ++r)
-    for (Index d = 0; d < hd; ++d) t.out[r * t.ldo + d] = s.o[r * hdp + d] / s.l[r];
+  const Index hdp = padded_head_dim(t.head_dim);
+  const std::uint16_t* rows[kKeyBlock];
+  page_rows_of<std::uint16_t>(t.key_pages_bf16, t.page_rows, t.key_stride, j0, n, rows);
+  widen_rows<T>(rows, n, t.head_dim, kbuf, hdp, krow);
+  page_rows_of<std::uint16_t>(t.value_pages_bf16, t.page_rows, t.value_stride, j0, n, rows);
+  widen_rows<T>(rows, n, t.head_dim, vbuf, hdp, vrow);
 }
 
-// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end),
-// partial_stride(head_dim) apart from parts.
-template <class T>
-void row_partials(const AttentionTile<T>& t, Index block_begin, Index block_end, T* parts) {
-  const Index hd = t.head_dim;
-  TileScratch<T> s(t.scratch, hd);
-  for (Index d = 0; d < hd; ++d) s.qs[d] = t.q[d] * t.scale;
-  const T* krow[kKeyBlock];
-  const T* vrow[kKeyBlock];
-  for (Index b = block_begin; b < block_end; ++b) {
-    const Index b0 = b * kKeyBlock, n = visible_in_block(t.first_pos, b0);
-    page_rows_of<T>(t.key_pages, t.page_rows, t.key_stride, b0, n, krow);
-    page_rows_of<T>(t.value_pages, t.page_rows, t.value_stride, b0, n, vrow);
-    pack_keys_t<T>(krow, n, hd, s.kt);
-    block_partial<T>(s.qs, hd, s.kt, n, vrow, parts + (b - block_begin) * partial_stride(hd));
-  }
-}
-
-// The tile's one row from all its partials (blocks 0 .. n_blocks - 1, in order): t.out.
-template <class T>
-void merge_row_partials(const AttentionTile<T>& t, Index n_blocks, const T* parts) {
-  const Index hd = t.head_dim;
-  TileScratch<T> s(t.scratch, hd);
-  std::fill(s.o, s.o + padded_head_dim(hd), T(0));
-  RowState<T> st{-std::numeric_limits<T>::infinity(), T(0), T(0), s.o};
-  for (Index b = 0; b < n_blocks; ++b) fold_partial<T>(parts + b * partial_stride(hd), hd, st);
-  for (Index d = 0; d < hd; ++d) t.out[d] = s.o[d] / st.l;
-}
-
-}  // namespace generic
 }  // namespace gpt2::kernels

@@ -18,6 +18,7 @@
 #include <limits>
 
 #include "gpt2/kernels/cpu.hpp"
+#include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
 
 #if GPT2_KERNELS_HAVE_AVX2
@@ -25,9 +26,6 @@
 #define GPT2_KERNEL_AVX2 __attribute__((target("avx2,fma")))
 
 namespace gpt2::kernels::avx2 {
-
-inline constexpr Index kPanelCols = 32;     // a packed B is split into panels of 32 columns
-inline constexpr Index kPackFloats = 32768; // floats of the per-call packing buffer of gemm
 
 // ---------------------------------------------------------------------------------------------
 // Lanes [0, count) of an 8-float vector as a maskload/maskstore mask (count clamped to [0, 8]).
@@ -42,16 +40,15 @@ GPT2_KERNEL_AVX2 inline __m256i lanes(Index count) {
 // elements broadcast. Per k: 2 loads of B, R broadcasts, 2R fused multiply-adds.
 inline constexpr int kTileRows = 6;
 inline constexpr Index kTileCols = 16;
-// Blocking of gemm_packed (measured on the projections' shapes, one thread, Sapphire Rapids: depth
-// 256 was 5% ahead of 128 and 384; row and column blocks of 96 and 128 / 512 within noise). For
-// each [256, 16] strip of B (16 KB) the 8 row tiles of a [48, 256] block of A pass; the [K, 256]
+// Blocking of gemm_packed (chosen by measurement on the projections' shapes: bench/results/history-speed.md). For each
+// [256, 16] strip of B (16 KB) the 8 row tiles of a [48, 256] block of A pass; the [K, 256]
 // panels of a column block stay in L2 while every row block passes, and a [48, 256] tile of C
 // stays in L1 / L2 while its depth blocks pass (C is read and written once per 256 k).
 inline constexpr Index kRowBlock = 48;
 inline constexpr Index kPackedDepthBlock = 256;
 inline constexpr Index kPackedColBlock = 256;
 // Blocking of gemm: B's [256, 128] blocks (128 KB) packed into panels, one at a time, each swept
-// by all of A's rows (column blocks of 256 with depth 128 were 10% slower at T = 1024, N = 2304).
+// by all of A's rows.
 inline constexpr Index kDepthBlock = 256;
 inline constexpr Index kColBlock = 128;
 static_assert(kDepthBlock * kColBlock <= kPackFloats, "gemm's packed block fits the pack buffer");
@@ -75,7 +72,7 @@ GPT2_KERNEL_AVX2 inline void micro_tile(const float* a, Index lda, const float* 
       acc1[r] = _mm256_maskload_ps(c + r * ldc + 8, m1);
     }
   }
-#pragma GCC unroll 4  // 3% over no unrolling (the loop's own instructions)
+#pragma GCC unroll 4  // the loop's own instructions amortized
   for (Index k = 0; k < depth; ++k) {
     const __m256 b0 = _mm256_loadu_ps(b + k * kPanelCols);
     const __m256 b1 = _mm256_loadu_ps(b + k * kPanelCols + 8);
@@ -169,8 +166,7 @@ GPT2_KERNEL_AVX2 inline void pack_block(const float* B, Index ldb, Index depth, 
 // ---------------------------------------------------------------------------------------------
 // One-row products, written for B streaming from DRAM (a decode step reads every weight once).
 
-// Rows of B ahead of the one being read that row_strip prefetches (as the avx512 level; 2 and 8
-// were slower from DRAM on the QKV weight's shape).
+// Rows of B ahead of the one being read that row_strip prefetches (as the avx512 level).
 inline constexpr Index kPrefetchRows = 4;
 
 // acc[v] += ak * B's row at b (8 V floats; lanes outside m masked when Masked).

@@ -408,18 +408,14 @@ GPT2_KERNEL_AVX2 inline void row_partials_of(const AttentionTile<float>& t,
                   parts + (b - block_begin) * stride);
 }
 
-// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end), from
+// its float32 or bf16 pages (the same bits on the widened values).
 GPT2_KERNEL_AVX2 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
                                           Index block_end, float* parts) {
-  row_partials_of(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
-}
-
-// The same with keys and values as bf16 bits (t.key_pages_bf16, t.value_pages_bf16; strides in
-// bf16 elements): a bf16 KV cache's decode step, bitwise row_partials on the widened values.
-GPT2_KERNEL_AVX2 inline void row_partials_kv_bf16(const AttentionTile<float>& t,
-                                                  Index block_begin, Index block_end,
-                                                  float* parts) {
-  row_partials_of(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
+  if (t.key_pages_bf16 != nullptr)
+    row_partials_of(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
+  else
+    row_partials_of(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
 }
 
 // Row 0's running state merged with a partial.
@@ -457,11 +453,15 @@ GPT2_KERNEL_AVX2 inline void attention_tile(const AttentionTile<float>& t) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
   TileScratch<float> ts(t.scratch, hd);
   init_rows(t, ts);
-  if (nb == 1 && t.keys_t != nullptr) {  // a decode step over a cache's transposed key blocks:
-    // each block a partial (row_partials'), merged in order: the tile's bits
+  if (nb == 1 && (t.keys_t != nullptr || t.key_pages_bf16 != nullptr)) {
+    // a decode step over a cache's transposed key blocks or bf16 pages: each block a partial
+    // (row_partials'), merged in order: the tile's bits
     float* part = ts.kt;  // (the one-row path packs no k^T)
     for (Index b = 0; b <= t.first_pos / kKeyBlock; ++b) {
-      block_partial(t, t.key_pages, t.value_pages, b, t.first_pos + 1, ts, part);
+      if (t.key_pages_bf16 != nullptr)
+        block_partial(t, t.key_pages_bf16, t.value_pages_bf16, b, t.first_pos + 1, ts, part);
+      else
+        block_partial(t, t.key_pages, t.value_pages, b, t.first_pos + 1, ts, part);
       fold_partial(part, hd, ts);
     }
     write_row(t, ts);
@@ -474,8 +474,7 @@ GPT2_KERNEL_AVX2 inline void attention_tile(const AttentionTile<float>& t) {
   for (Index b0 = 0; b0 <= last; b0 += kKeyBlock) {
     const Index n_blk = std::min(kKeyBlock, last + 1 - b0);
     prefetch_next_queries(t, b0 / kKeyBlock, n_blocks);
-    page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
-    page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
+    block_rows<float>(t, b0, n_blk, krow, vrow, ts.kw, ts.vw);
     pack_keys_t(krow, n_blk, hd, ts.kt);
     pack_values(vrow, n_blk, hd, ts.vb);
     const Index r_begin = std::max<Index>(0, b0 - t.first_pos);

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "gpt2/kernels/avx2.hpp"
-#include "gpt2/kernels/bf16.hpp"
+#include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
 
 #if GPT2_KERNELS_HAVE_AVX2

@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "gpt2/kernels/cpu.hpp"
-#include "gpt2/kernels/pack.hpp"
+#include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
 
 #if GPT2_KERNELS_HAVE_AVX512
@@ -49,10 +49,9 @@ GPT2_KERNEL_AVX512 inline __mmask16 lanes(Index j, Index n) {
 inline constexpr int kTileRows = 12;       // rows of C per micro-tile: 24 accumulators
 inline constexpr Index kTileCols = 32;     // columns of a panel / a micro-tile: two 16-float vectors
 
-// Rows of B ahead of the one being read that the strips prefetch. Measured from DRAM (12 distinct
-// layers): the QKV product went from about 15 to 34 GB/s on 1 thread; 4 rows was a little ahead of
-// 8, 16 and 32 on 2 threads (c_attn.weight's rows are 9 KB apart, each on another 4 KB page, where
-// the hardware prefetchers stop).
+// Rows of B ahead of the one being read that the strips prefetch: c_attn.weight's rows are 9 KB
+// apart, each on another 4 KB page, where the hardware prefetchers stop (the distance was chosen
+// by measurement from DRAM: bench/results/history-speed.md).
 inline constexpr Index kPrefetchRows = 4;
 
 // acc[v] += a_k * b[16 v ..] for V vectors, lanes masked by m.
@@ -90,8 +89,8 @@ GPT2_KERNEL_AVX512 inline void row_strip(Index j0, Index N, Index K, const float
 }
 
 // c[1, N] += a[1, K] * B[K, N]: 128 columns at a time in 8 accumulators while B's rows stream by
-// (512 contiguous bytes of each: measured faster than 64 to 384 columns, and than Eigen's GEMV, on
-// GPT-2 small's shapes); the last columns 64 at a time.
+// (512 contiguous bytes of each, the width chosen by measurement on GPT-2 small's shapes); the
+// last columns 64 at a time.
 GPT2_KERNEL_AVX512 inline void row_times_matrix(Index N, Index K, const float* a, const float* B,
                                                 Index ldb, float* c) {
   Index j0 = 0;
@@ -101,9 +100,7 @@ GPT2_KERNEL_AVX512 inline void row_times_matrix(Index N, Index K, const float* a
 
 // Rows (of 128 bytes, two cache lines) ahead that packed_strip prefetches in each panel. Both
 // lines of a row: prefetching one line per row (the row's first) left every other line of the
-// stream to the hardware. Against one line 4 rows ahead (AMD Zen 5, interleaved runs): decode
-// past 0 1.07-1.16x in two runs, 1.00x in two others; 16 rows ahead and an L2 hint (T1) were
-// slower than 8 (docs/speed.md).
+// stream to the hardware (the distance and the hint chosen by measurement: bench/results/history-speed.md).
 inline constexpr Index kPanelPrefetchRows = 8;
 
 // c[p0 * 32, ...) += a[1, K] * (P panels of a packed B from panel p0): 2 P accumulators; each
@@ -270,9 +267,8 @@ GPT2_KERNEL_AVX512 inline void gemm(Index M, Index N, Index K, const float* A, I
 
 // gemm_packed's blocking: B in the panel layout needs no packing, so a micro-tile runs the whole
 // depth (up to kPackedDepth) at once and C is read and written once; kPackedRowBlock rows of A
-// (72 KB at K = 768) sweep kColBlock columns of panels (768 KB, in L2). Measured on the qkv and
-// proj shapes (one core, T = 64 and 1024): 172-185 GFLOP/s against 127-147 with gemm's 128-deep
-// blocks, about oneDNN's packed-weight matmul in the same runs.
+// (72 KB at K = 768) sweep kColBlock columns of panels (768 KB, in L2): the blocking chosen by
+// measurement on the qkv and proj shapes (bench/results/history-speed.md).
 inline constexpr Index kPackedRowBlock = 2 * kTileRows;
 inline constexpr Index kPackedDepth = 2048;
 
@@ -361,7 +357,7 @@ GPT2_KERNEL_AVX512 inline void dot_rows(Index N, Index K, const float* a, const 
 // 16 rows at a time: 16 vectors of partial sums, then one tree of lane_sums16 for all 16.
 GPT2_KERNEL_AVX512 inline void row_times_transposed(Index N, Index K, const float* a,
                                                     const float* B, Index ldb, float* c) {
-  if (K == 64)  // GPT-2's head size (every model size): unrolled, a tenth faster from DRAM
+  if (K == 64)  // GPT-2's head size (every model size): unrolled
     dot_rows<64>(N, K, a, B, ldb, c);
   else
     dot_rows<0>(N, K, a, B, ldb, c);

@@ -68,7 +68,7 @@ GPT2_KERNEL_AVX512 inline __m512 load16(const std::uint16_t* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 // The same for all 16 lanes, with a plain load: where a stream is read from memory, masked loads
-// ran it at a third of the rate (AMD Zen 5, a decode step's values from DRAM: docs/speed.md).
+// slow it down (bench/results/history-speed.md).
 GPT2_KERNEL_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 GPT2_KERNEL_AVX512 inline __m512 load16(const std::uint16_t* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -165,8 +165,7 @@ GPT2_KERNEL_AVX512 inline __m512 kexp2_nonpositive(__m512 x) {
 
 // x L rounded on its own (L = log2 e as a float: kexpe's first step). A plain product: its uses
 // (a minimum, or a rounding and a subtraction) leave no sum for a compiler to fuse it into alone;
-// the explicit-rounding form ran the stage 1% slower (docs/speed.md), and test_attention_core
-// checks the bits against the emulation.
+// test_attention_core checks the bits against the emulation.
 GPT2_KERNEL_AVX512 inline __m512 times_log2e(__m512 x) {
   return _mm512_mul_ps(x, _mm512_set1_ps(kLog2eF));
 }
@@ -187,7 +186,7 @@ GPT2_KERNEL_AVX512 inline float kexpe1(float x) {
 // Row r's block statistics from its 64 scores stored in p (n of them visible): p replaced by the
 // probabilities, then the merge factors a and c, and the running m, z, l updated
 // (attention_tile.hpp's steps). Not inlined: its constants would take registers from the score
-// loop (measured: an accumulator spilled there).
+// loop (an accumulator spilled there).
 GPT2_KERNEL_AVX512 __attribute__((noinline)) inline void block_stats(Index n, float* p,
                                                                      float* stats) {
   const float minus_inf = -__builtin_inff();
@@ -365,8 +364,8 @@ GPT2_KERNEL_AVX512 inline void value_rows_all(Index r, Index b0, const float* co
 // A decode step reads every cached key and value once, at the rate memory delivers them. With the
 // keys in transposed blocks (a KV cache's) a head is two plain streams, each block's k^T rows and
 // then its value rows, read with unmasked loads and each fetched kStreamAhead bytes ahead of the
-// read: the hardware's prefetchers stop at 4 KB pages and, on AMD Zen 5, do not follow masked
-// loads (docs/speed.md measures both). Keys read from rows (the paged pool) are fetched a block
+// read: the hardware's prefetchers stop at 4 KB pages and, on some CPUs, do not follow masked
+// loads (bench/results/history-speed.md measures both). Keys read from rows (the paged pool) are fetched a block
 // ahead instead, in one burst (prefetch_keys_and_values). One block's chains are 64 fused
 // multiply-adds deep, four of them at a time: short beside the block's 32 KB from memory.
 
@@ -521,8 +520,8 @@ GPT2_KERNEL_AVX512 inline void prefetch_decode_start(const AttentionTile<float>&
 
 // The tile's q rows scaled into qs (each product rounded on its own), their o zeroed, their state
 // at the start. The rows are fetched all at once first, then read with plain loads where all 16
-// lanes lie within head_dim: they are a tile's first reads, and masked ones ran at a fraction of
-// the rate from memory (AMD Zen 5: docs/speed.md).
+// lanes lie within head_dim: they are a tile's first reads, which masked loads slow down from
+// memory (bench/results/history-speed.md).
 GPT2_KERNEL_AVX512 inline void init_rows(const AttentionTile<float>& t, TileScratch<float>& ts) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd);
   const __m512 scale = _mm512_set1_ps(t.scale);
@@ -560,18 +559,14 @@ GPT2_KERNEL_AVX512 inline void row_partials_of(const AttentionTile<float>& t,
                  parts + (b - block_begin) * stride);
 }
 
-// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end).
+// The partials of the tile's one row (t.rows == 1) over key blocks [block_begin, block_end), from
+// its float32 or bf16 pages (the same bits on the widened values).
 GPT2_KERNEL_AVX512 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
                                             Index block_end, float* parts) {
-  row_partials_of(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
-}
-
-// The same with keys and values as bf16 bits (t.key_pages_bf16, t.value_pages_bf16; strides in
-// bf16 elements): a bf16 KV cache's decode step, bitwise row_partials on the widened values.
-GPT2_KERNEL_AVX512 inline void row_partials_kv_bf16(const AttentionTile<float>& t,
-                                                    Index block_begin, Index block_end,
-                                                    float* parts) {
-  row_partials_of(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
+  if (t.key_pages_bf16 != nullptr)
+    row_partials_of(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
+  else
+    row_partials_of(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
 }
 
 // out[0 .. head_dim) = o / l (plain stores where all 16 lanes lie within head_dim).
@@ -847,8 +842,7 @@ GPT2_KERNEL_AVX512 inline void tile_block(Index b0, bool row_vectors,
   const Index n_blk = std::min(kKeyBlock, t.first_pos + nb - b0);
   const float* krow[kKeyBlock];
   const float* vrow[kKeyBlock];
-  page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, n_blk, krow);
-  page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, n_blk, vrow);
+  block_rows<float>(t, b0, n_blk, krow, vrow, ts.kw, ts.vw);
   const Index r_begin = std::max<Index>(0, b0 - t.first_pos);
   Index r = r_begin;
   if (row_vectors && nb - r_begin >= 16) {  // 16 rows or more see this block: rows in lanes
@@ -906,20 +900,31 @@ inline bool uses_row_vectors(const AttentionTile<float>& t) {
   return t.rows >= 16 && t.first_pos + t.rows < (Index(1) << 30);
 }
 
+// A one-row tile over pages of E (float32, or bf16 bits): block by block, each a partial merged in
+// order; t.out.
+template <class E>
+GPT2_KERNEL_AVX512 inline void decode_row(const AttentionTile<float>& t, const E* const* key_pages,
+                                          const E* const* value_pages, TileScratch<float>& ts) {
+  const Index key_end = t.first_pos + 1, blocks = t.first_pos / kKeyBlock + 1;
+  prefetch_decode_start(t, key_pages, value_pages, 0, key_end);
+  float* part = ts.vb;
+  for (Index b = 0; b < blocks; ++b) {
+    decode_block(b * kKeyBlock, key_end, t, key_pages, value_pages, ts, part);
+    fold_partial(part, t.head_dim, ts);
+  }
+  write_row(t, ts);
+}
+
 // The tile (attention_tile.hpp's interface and arithmetic).
 GPT2_KERNEL_AVX512 inline void attention_tile(const AttentionTile<float>& t) {
   const Index hd = t.head_dim, hdp = padded_head_dim(hd), nb = t.rows;
   TileScratch<float> ts(t.scratch, hd);
   init_rows(t, ts);
   if (nb == 1) {  // a decode step: block by block, each a partial merged in order
-    const Index key_end = t.first_pos + 1, blocks = t.first_pos / kKeyBlock + 1;
-    prefetch_decode_start(t, t.key_pages, t.value_pages, 0, key_end);
-    float* part = ts.vb;
-    for (Index b = 0; b < blocks; ++b) {
-      decode_block(b * kKeyBlock, key_end, t, t.key_pages, t.value_pages, ts, part);
-      fold_partial(part, hd, ts);
-    }
-    write_row(t, ts);
+    if (t.key_pages_bf16 != nullptr)
+      decode_row(t, t.key_pages_bf16, t.value_pages_bf16, ts);
+    else
+      decode_row(t, t.key_pages, t.value_pages, ts);
     return;
   }
   const bool row_vectors = uses_row_vectors(t);

@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "gpt2/kernels/avx512.hpp"
-#include "gpt2/kernels/bf16.hpp"
+#include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
 
 #if GPT2_KERNELS_HAVE_AVX512
@@ -144,9 +144,8 @@ inline constexpr Index bf16_copy_floats(Index rows, Index depth) { return (rows 
 
 // dst[r, 0 .. depth) = bf16(A[r, 0 .. depth)) for r < rows, zeros past K (depth even, >= K; dst
 // 64-byte aligned, row stride `depth`): VCVTNE2PS2BF16, nearest even. Plain loads and stores where
-// all 32 elements lie within K: a prefill's A comes from L3 once per column block, and masked
-// loads there kept the whole copy at a fraction of the rate (AMD Zen 5: 12% of a prefill_bf16 at
-// T = 1024, docs/bf16.md).
+// all 32 elements lie within K: a prefill's A comes from L3 once per column block, where masked
+// loads slow the copy down (bench/results/history-bf16.md).
 GPT2_KERNEL_AVX512_BF16 inline void round_rows_to_bf16(Index rows, Index K, const float* A,
                                                        Index lda, Index depth, std::uint16_t* dst) {
   for (Index r = 0; r < rows; ++r) {
@@ -216,9 +215,8 @@ struct DotTile {
 // of c is the chain dot_tile computes for it (pairs in order, from c's value or the bias): the same
 // bits.
 
-// Pair rows (128 bytes each) ahead of the one being read that dot_row prefetches in each panel.
-// Measured from DRAM (gpt2_decode_phases, bf16, AMD Zen 5): the qkv product at 2 threads read
-// 45 GB/s with 4 or 8 ahead, 52-62 GB/s with 16, 42-57 with 32.
+// Pair rows (128 bytes each) ahead of the one being read that dot_row prefetches in each panel
+// (chosen by measurement from DRAM with gpt2_decode_phases: bench/results/history-bf16.md).
 inline constexpr Index kBf16PrefetchPairs = 16;
 
 // c[0, 32 P) += a (bf16 pairs) * P panels from `panel` (Kp deep, kBf16PanelCols columns each;

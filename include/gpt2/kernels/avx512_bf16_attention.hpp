@@ -209,8 +209,7 @@ GPT2_KERNEL_AVX512_BF16 inline void pair_block(Index b0, const AttentionTile<flo
   const Index nb = t.rows, groups = (nb + 15) / 16;
   const float* krow[kKeyBlock];
   const float* vrow[kKeyBlock];
-  page_rows_of<float>(t.key_pages, t.page_rows, t.key_stride, b0, kKeyBlock, krow);
-  page_rows_of<float>(t.value_pages, t.page_rows, t.value_stride, b0, kKeyBlock, vrow);
+  block_rows<float>(t, b0, kKeyBlock, krow, vrow, ts.kw, ts.vw);
   pack_block(krow, vrow, t.head_dim, ps);
   avx512::BlockMax bm;
   for (Index g = 0; g < groups; ++g) {
@@ -449,19 +448,31 @@ GPT2_KERNEL_AVX512_BF16 inline void pair_row_partials(const AttentionTile<float>
 
 // ---- the level's table entries: a bf16 tile (t.bf16) runs the above, a float32 one avx512's ---
 
+// A one-row bf16 tile over pages of E (float32, or bf16 bits): block by block, each a partial
+// merged in order; t.out.
+template <class E>
+GPT2_KERNEL_AVX512_BF16 inline void decode_row(const AttentionTile<float>& t,
+                                               const E* const* key_pages,
+                                               const E* const* value_pages) {
+  TileScratch<float> ts(t.scratch, t.head_dim);
+  const Index key_end = t.first_pos + 1, blocks = t.first_pos / kKeyBlock + 1;
+  float* part = ts.vb;  // the partials one at a time, merged into row 0's running state
+  avx512::prefetch_decode_start(t, key_pages, value_pages, 0, key_end);
+  const std::uint32_t* qp = start_row(t, ts);
+  for (Index b = 0; b < blocks; ++b) {
+    row_block_partial(b, key_end, t, key_pages, value_pages, qp, ts, part);
+    avx512::fold_partial(part, t.head_dim, ts);
+  }
+  avx512::write_row(t, ts);
+}
+
 GPT2_KERNEL_AVX512_BF16 inline void attention_tile(const AttentionTile<float>& t) {
   if (!t.bf16) return avx512::attention_tile(t);
-  if (t.rows == 1) {  // a decode step: block by block, each a partial merged in order
-    TileScratch<float> ts(t.scratch, t.head_dim);
-    const Index key_end = t.first_pos + 1, blocks = t.first_pos / kKeyBlock + 1;
-    float* part = ts.vb;  // the partials one at a time, merged into row 0's running state
-    avx512::prefetch_decode_start(t, t.key_pages, t.value_pages, 0, key_end);
-    const std::uint32_t* qp = start_row(t, ts);
-    for (Index b = 0; b < blocks; ++b) {
-      row_block_partial(b, key_end, t, t.key_pages, t.value_pages, qp, ts, part);
-      avx512::fold_partial(part, t.head_dim, ts);
-    }
-    avx512::write_row(t, ts);
+  if (t.rows == 1) {  // a decode step
+    if (t.key_pages_bf16 != nullptr)
+      decode_row(t, t.key_pages_bf16, t.value_pages_bf16);
+    else
+      decode_row(t, t.key_pages, t.value_pages);
     return;
   }
   // one tile per key block its rows lie in, in order
@@ -484,19 +495,12 @@ GPT2_KERNEL_AVX512_BF16 inline void attention_tile(const AttentionTile<float>& t
 
 GPT2_KERNEL_AVX512_BF16 inline void row_partials(const AttentionTile<float>& t, Index block_begin,
                                                  Index block_end, float* parts) {
-  if (t.bf16)
-    pair_row_partials(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
-  else
+  if (!t.bf16)
     avx512::row_partials(t, block_begin, block_end, parts);
-}
-
-GPT2_KERNEL_AVX512_BF16 inline void row_partials_kv_bf16(const AttentionTile<float>& t,
-                                                         Index block_begin, Index block_end,
-                                                         float* parts) {
-  if (t.bf16)
+  else if (t.key_pages_bf16 != nullptr)
     pair_row_partials(t, t.key_pages_bf16, t.value_pages_bf16, block_begin, block_end, parts);
   else
-    avx512::row_partials_kv_bf16(t, block_begin, block_end, parts);
+    pair_row_partials(t, t.key_pages, t.value_pages, block_begin, block_end, parts);
 }
 
 }  // namespace gpt2::kernels::avx512_bf16

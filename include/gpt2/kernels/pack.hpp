@@ -1,14 +1,7 @@
-// Weights packed once into the vector kernels' panel layout (as oneDNN's format_tag::any and
-// llama.cpp's repack do at load): the projections then read B contiguously and never pack it per
-// call.
-//
-// Panel layout of B [K, N]: ceil(N / 32) panels; panel p holds columns [32 p, 32 p + 32) as K rows
-// of 32 floats, zeros past N: element (k, j) at data[(j / 32) * K * 32 + k * 32 + j % 32]. 64-byte
-// aligned. Every vector level reads this same layout.
-//
-// A bf16 weight (PackedMatrix(B, WeightDtype::bf16)) is B rounded to bfloat16 (nearest, ties to
-// even) in the bf16 panel layout of kernels/bf16.hpp: half the bytes; every level reads it (the
-// generic level too).
+// Weights packed once into the kernels' panel layouts (kernels/layout.hpp), as oneDNN's
+// format_tag::any and llama.cpp's repack do at load: the projections then read B contiguously and
+// never pack it per call. A float32 copy is read by the vector levels (the generic level reads the
+// checkpoint's view); a bf16 copy (B rounded to nearest even) by every level.
 #pragma once
 
 #include <algorithm>
@@ -19,15 +12,10 @@
 #include <string>
 
 #include "gpt2/error.hpp"
-#include "gpt2/kernels/bf16.hpp"
+#include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
-
-namespace kernels {
-inline constexpr Index kPanelCols = 32;      // columns of a panel
-inline constexpr Index kPackFloats = 32768;  // floats of a per-call packing buffer (GemmScratch)
-}  // namespace kernels
 
 // The precision of a packed weight: float32 (bitwise the checkpoint's values) or bfloat16.
 enum class WeightDtype { float32, bf16 };
@@ -42,7 +30,7 @@ class PackedMatrix {
  public:
   PackedMatrix() = default;
 
-  // B [K, N] in the layout of `dtype`: float32 as below, or bf16 (kernels/bf16.hpp: each element
+  // B [K, N] in the layout of `dtype`: float32 as below, or bf16 (kernels/layout.hpp: each element
   // rounded to nearest even; one allocation of ceil(N / 32) * Kp * 32 bf16, Kp = K rounded up to
   // a multiple of 32).
   PackedMatrix(const ConstMatrixRef<float>& B, WeightDtype dtype) : PackedMatrix() {

@@ -98,9 +98,9 @@ void parallel_tasks(Index n_tasks, int n_threads, const F& f) {
 //
 // The hand-out and the barrier are the team's own (an atomic counter; arrivals counted, the last
 // one opens the next generation), not OpenMP's `for` and barrier: libgomp's barrier makes a
-// futex_wake system call at every release, which in a virtual machine held up each step of a
-// decode step by about 2.5 us (AMD Zen 5 guest, docs/speed.md). Waiting threads spin, then yield
-// the CPU between polls once a wait grows long (more threads than cores).
+// futex_wake system call at every release, which a decode step's short steps pay for in full in a
+// virtual machine (measured: bench/results/history-speed.md). Waiting threads spin, then yield the
+// CPU between polls once a wait grows long (more threads than cores).
 class StepBarrier {
  public:
   // The team's size, set by each of its threads before it first arrives (all with the same

@@ -1,0 +1,149 @@
+// The kernel tables of every level (kernels/table.hpp's interface), side by side, and the entry
+// point that hands out the one of a level. Every public header that runs kernels includes this one,
+// so that header-only code compiles and links on its own.
+//
+// Compiling the kernels once: by default every translation unit that uses the library compiles the
+// kernels of every level (header-only). A program of many translation units can instead define
+// GPT2_ATTENTION_SEPARATE_KERNELS in all of them and, in exactly one, also
+// GPT2_ATTENTION_KERNELS_IMPLEMENTATION before including any gpt2 header: the entry point
+// (float_table) is then only declared elsewhere and defined in that one, which alone compiles the
+// vector levels (the generic level, Eigen's, stays in every file). The code that runs is the same.
+#pragma once
+
+#include "gpt2/kernels/generic.hpp"
+#include "gpt2/kernels/table.hpp"
+
+#if defined(GPT2_ATTENTION_KERNELS_IMPLEMENTATION) && !defined(GPT2_ATTENTION_SEPARATE_KERNELS)
+#error "GPT2_ATTENTION_KERNELS_IMPLEMENTATION needs GPT2_ATTENTION_SEPARATE_KERNELS (in every translation unit)"
+#endif
+
+#if !defined(GPT2_ATTENTION_SEPARATE_KERNELS) || defined(GPT2_ATTENTION_KERNELS_IMPLEMENTATION)
+#include "gpt2/kernels/amx.hpp"
+#include "gpt2/kernels/amx_attention.hpp"
+#include "gpt2/kernels/avx2.hpp"
+#include "gpt2/kernels/avx2_attention.hpp"
+#include "gpt2/kernels/avx2_bf16.hpp"
+#include "gpt2/kernels/avx512.hpp"
+#include "gpt2/kernels/avx512_attention.hpp"
+#include "gpt2/kernels/avx512_bf16.hpp"
+#include "gpt2/kernels/avx512_bf16_attention.hpp"
+#include "gpt2/kernels/pack.hpp"
+
+namespace gpt2::kernels {
+
+namespace vector_level {
+
+using Gemm = void (*)(Index M, Index N, Index K, const float* A, Index lda, const float* B,
+                      Index ldb, float* C, Index ldc, float* pack);
+using GemmPacked = void (*)(Index M, Index N, Index K, const float* A, Index lda,
+                            const float* Bp, float* C, Index ldc);
+using GemmBf16 = void (*)(Index M, Index N, Index K, const float* A, Index lda,
+                          const std::uint16_t* Bp, Index Kp, float* C, Index ldc, float* scratch,
+                          const float* bias);
+
+// A vector level's projection: a bf16 copy through its bf16 product (the bias in its kernel), a
+// float32 copy through gemm_packed, the view through gemm (B packed per call); the bias written
+// into C first for the float32 products.
+template <Gemm G, GemmPacked GP, GemmBf16 GB>
+void project(const Projection<float>& p, GemmScratch<float>& scratch) {
+  if (p.M == 0 || p.N == 0) return;
+  const bool bf16 = p.packed != nullptr && p.packed->dtype() == WeightDtype::bf16;
+  if (p.bias != nullptr && (!bf16 || p.K == 0))
+    for (Index i = 0; i < p.M; ++i) std::copy_n(p.bias, p.N, p.C + i * p.ldc);
+  if (p.K == 0) return;
+  if (bf16)
+    GB(p.M, p.N, p.K, p.A, p.lda, p.packed->bf16_panels_from(p.j0), p.packed->depth(), p.C, p.ldc,
+       scratch.packed_b(), p.bias);
+  else if (p.packed != nullptr)
+    GP(p.M, p.N, p.K, p.A, p.lda, p.packed->panels_from(p.j0), p.C, p.ldc);
+  else
+    G(p.M, p.N, p.K, p.A, p.lda, p.B, p.ldb, p.C, p.ldc, scratch.packed_b());
+}
+
+// C += alpha A op(B): the level's gemm for the plain product, Eigen's for the others.
+template <Gemm G>
+void gemm(Op op, float alpha, Index M, Index N, Index K, const float* A, Index lda,
+          const float* B, Index ldb, float* C, Index ldc, GemmScratch<float>& scratch) {
+  if (M == 0 || N == 0 || K == 0) return;
+  if (op == Op::None && alpha == 1.0f)
+    G(M, N, K, A, lda, B, ldb, C, ldc, scratch.packed_b());
+  else
+    generic::gemm_entry<float>(op, alpha, M, N, K, A, lda, B, ldb, C, ldc, scratch);
+}
+
+}  // namespace vector_level
+
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
+inline namespace separate_kernels {
+const Kernels<float>& float_table(Isa isa) {
+#else
+inline const Kernels<float>& float_table(Isa isa) {
+#endif
+#if GPT2_KERNELS_HAVE_AVX2
+  static const Kernels<float> avx2_table = [] {
+    Kernels<float> k;
+    k.isa = Isa::avx2;
+    k.row_exact = true;
+    k.project = vector_level::project<avx2::gemm, avx2::gemm_packed, avx2::gemm_bf16>;
+    k.gemm = vector_level::gemm<avx2::gemm>;
+    k.row_times_transposed = avx2::row_times_transposed;
+    k.softmax_row = avx2::softmax_row;
+    k.attention_tile = avx2::attention_tile;
+    k.row_partials = avx2::row_partials;
+    k.merge_row_partials = avx2::merge_row_partials;
+    k.tile_rows = generic::tile_rows<float>;
+    return k;
+  }();
+  if (isa == Isa::avx2) return avx2_table;
+#endif
+#if GPT2_KERNELS_HAVE_AVX512
+  // avx512_bf16 and amx run avx512's float32 kernels; they differ in their bf16 products and in
+  // the attention of bf16 tiles (bf16 weights).
+  using Project = void (*)(const Projection<float>&, GemmScratch<float>&);
+  const auto avx512_family = [](Isa level, Project project) {
+    Kernels<float> k;
+    k.isa = level;
+    k.row_exact = true;
+    k.project = project;
+    k.gemm = vector_level::gemm<avx512::gemm>;
+    k.row_times_transposed = avx512::row_times_transposed;
+    k.softmax_row = avx512::softmax_row;
+    k.attention_tile = avx512::attention_tile;
+    k.row_partials = avx512::row_partials;
+    k.merge_row_partials = avx512::merge_row_partials;
+    k.tile_rows = generic::tile_rows<float>;
+    return k;
+  };
+  static const Kernels<float> avx512_table = avx512_family(
+      Isa::avx512,
+      vector_level::project<avx512::gemm, avx512::gemm_packed, avx512::gemm_bf16>);
+  if (isa == Isa::avx512) return avx512_table;
+  static const Kernels<float> avx512_bf16_table = [&] {
+    Kernels<float> k = avx512_family(
+        Isa::avx512_bf16,
+        vector_level::project<avx512::gemm, avx512::gemm_packed, avx512_bf16::gemm_bf16>);
+    k.attention_tile = avx512_bf16::attention_tile;
+    k.row_partials = avx512_bf16::row_partials;
+    return k;
+  }();
+  if (isa == Isa::avx512_bf16) return avx512_bf16_table;
+#endif
+#if GPT2_KERNELS_HAVE_AMX
+  static const Kernels<float> amx_table = [&] {
+    Kernels<float> k = avx512_family(
+        Isa::amx, vector_level::project<avx512::gemm, avx512::gemm_packed, amx::gemm_bf16>);
+    k.attention_tile = amx::attention_tile;
+    k.tile_rows = amx::tile_rows;
+    return k;
+  }();
+  if (isa == Isa::amx) return amx_table;
+#endif
+  (void)isa;
+  return generic_table<float>();
+}
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
+}  // namespace separate_kernels
+#endif
+
+}  // namespace gpt2::kernels
+#endif
