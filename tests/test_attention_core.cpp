@@ -1,5 +1,5 @@
 // The fused attention core (kernels/attention_tile.hpp, avx2_attention.hpp, avx512_attention.hpp,
-// and causal_attention.hpp's attention_rows / HeadPages):
+// and detail/pipeline.hpp's attend_rows / HeadPages):
 // - each vector level bit for bit against the scalar emulation of the documented steps, over head
 //   sizes with every tail, tile sizes, positions around the 64-key blocks, paged keys, sentinels;
 // - avx2 == avx512 bit for bit;

@@ -1,4 +1,4 @@
-// bfloat16 weights (kernels/bf16.hpp, pack.hpp, the bf16 products of every level):
+// bfloat16 weights (kernels/layout.hpp, pack.hpp, the bf16 products of every level):
 // - round_to_bf16 against the definition (nearest, ties to even, NaN kept, the range of float32);
 // - the bf16 panel layout, element by element, with zeros in its padding;
 // - each level's product over many shapes (tails of the vector, tile, panel, block and depth

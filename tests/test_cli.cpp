@@ -664,7 +664,7 @@ TEST_F(CliTest, RunKvCacheBf16IsTheLibrarysBf16CacheForward) {
   const std::vector<std::string> before = dir.list();
   const std::vector<std::pair<std::vector<std::string>, std::string>> errors = {
       {{"--output", "z.npy", "--kv-cache", "bf16"},
-       "--kv-cache needs --prefill (the caches are --prefill's)"},
+       "--kv-cache needs --prefill or --share-prefix (the caches are theirs)"},
       {{"--output", "z.npy", "--prefill", "2", "--dtype", "f64", "--kv-cache", "bf16"},
        "--kv-cache bf16: not available with --dtype f64 (a bf16 cache serves float32 forwards)"},
       {{"--output", "z.npy", "--prefill", "2", "--kv-cache", "f16"},
@@ -1238,16 +1238,21 @@ TEST_F(CliBatchTest, SharePrefixWithBf16CacheGivesThePrefillRunsBytes) {
   write_batch("xs.npy", shared);
   for (const std::string& level : available_levels()) {
     for (const std::string dtype : {"f32", "bf16"}) {
-      for (const std::string prefill : {"0", "2", "4", "5", "7"}) {
-        SCOPED_TRACE(level + " --dtype " + dtype + " --prefill " + prefill);
+      // "": --share-prefix without --prefill (the rest of each sequence in one step), against
+      // --prefill 7 (every sequence in one chunk)
+      for (const std::string prefill : {"", "0", "2", "4", "5", "7"}) {
+        SCOPED_TRACE(level + " --dtype " + dtype + " --prefill '" + prefill + "'");
         const std::vector<std::string> base = {
             "run", "--weights", "w.safetensors", "--input", "xs.npy", "--n-head", "4", "--output",
             "yb.npy", "--probs", "pb.npy", "--starts", csv(starts), "--lengths", csv(lengths),
-            "--dtype", dtype, "--prefill", prefill, "--kv-cache", "bf16"};
-        ASSERT_EQ(cli_at(level, base).status, 0);
+            "--dtype", dtype, "--kv-cache", "bf16"};
+        std::vector<std::string> plain_args = base;
+        plain_args.insert(plain_args.end(), {"--prefill", prefill.empty() ? "7" : prefill});
+        ASSERT_EQ(cli_at(level, plain_args).status, 0);
         const std::string y = read_text(file("yb.npy")), p = read_text(file("pb.npy"));
         const RowMatrix<double> y_plain = read_matrix_as_double(file("yb.npy"), "f32", {kB, kTb, kC});
         std::vector<std::string> shared_args = base;
+        if (!prefill.empty()) shared_args.insert(shared_args.end(), {"--prefill", prefill});
         shared_args.insert(shared_args.end(), {"--share-prefix", "4"});
         EXPECT_SUCCESS(cli_at(level, shared_args));
         EXPECT_EQ(read_text(file("pb.npy")), p);
@@ -1426,6 +1431,7 @@ TEST_F(CliBatchTest, TensorParallelMatchesThePlainRun) {
       {cat(s, {"--share-prefix", "4", "--prefill", "5"}), "xs.npy", "f64", yb, pb},
       {cat(s, {"--share-prefix", "4", "--prefill", "2", "--kv-cache", "bf16"}), "xs.npy", "f32", yb, pb},
       {cat(s, {"--share-prefix", "4", "--prefill", "6", "--kv-cache", "bf16"}), "xs.npy", "bf16", yb, pb},
+      {cat(s, {"--share-prefix", "4", "--kv-cache", "bf16"}), "xs.npy", "f32", yb, pb},
   };
   for (const Case& c : cases) {
     const std::string file_dtype = c.dtype == "f64" ? "f64" : "f32";

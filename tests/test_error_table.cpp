@@ -617,7 +617,7 @@ void cli_rows(Table& t) {
   t.cli("a number out of range", {"demo", "--tokens", "2000"}, d);
   t.cli("a negative number", with({"--prefill", "-1"}), d);
   t.cli("an unknown dtype", with({"--dtype", "f16"}), d);
-  t.cli("--kv-cache without --prefill", with({"--kv-cache", "bf16"}), d);
+  t.cli("--kv-cache without --prefill or --share-prefix", with({"--kv-cache", "bf16"}), d);
   t.cli("--kv-cache bf16 with --dtype f64", with({"--prefill", "2", "--kv-cache", "bf16", "--dtype", "f64"}), d);
   t.cli("demo: an unknown dtype (no f64)", {"demo", "--dtype", "f64"}, d);
   t.cli("a malformed list", {"run", "--weights", "w.safetensors", "--input", "xb.npy", "--output",

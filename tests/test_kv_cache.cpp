@@ -1,4 +1,4 @@
-// KVCache and the incremental forward (kv_cache.hpp, incremental.hpp): the cache's own contract
+// KVCache and the forward through it (kv_cache.hpp, sublayer.hpp): the cache's own contract
 // (layout, room, truncate, copies, moves), and that any split of a sequence into chunks gives the
 // whole-sequence forward. The PyTorch past_key_values cases are in test_reference_incremental.cpp.
 #include <gtest/gtest.h>

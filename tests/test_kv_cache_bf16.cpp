@@ -1,4 +1,4 @@
-// KVCacheBF16 and the forward through it (kv_cache_bf16.hpp, incremental_bf16.hpp): the cache's
+// KVCacheBF16 = KVCache<bfloat16> and the forward through it (kv_cache.hpp, sublayer.hpp): the cache's
 // own contract (rounding, room, truncate, copies, moves, bytes), and that a forward through it is
 // bitwise the forward over keys and values rounded to bf16, built here from the public steps
 // (qkv_projection, causal_attention_head, output_projection) on rounded copies, whatever the

@@ -1,5 +1,6 @@
-// The forwards over block tables (paged_attention.hpp) against the contiguous KVCache forwards
-// (incremental.hpp, batch.hpp), bitwise at the level the run uses: chunked prefill and decode,
+// The forwards over block tables (paged_kv_cache.hpp's PagedSequence and PagedLayer, float, double
+// and bf16 pools) against the contiguous KVCache forwards (sublayer.hpp, batch.hpp), bitwise at
+// the level the run uses: chunked prefill and decode,
 // fork trees sharing a prompt (copy-on-write inside the forwards), several layers on one table,
 // batched decode of forked sequences with padding, exhaustion inside a batched step, and the
 // checks; and forks of a prompt against PyTorch's past_key_values (the "past" fixtures of

@@ -144,7 +144,8 @@ inline RunOptions parse_run_options(const Flags& flags) {
     if (kv != "f32" && kv != "bf16")
       throw UsageError("--kv-cache: expected f32 or bf16, got '" + Flags::echoed_value(kv) + "'");
     o.kv_bf16 = kv == "bf16";
-    if (!o.prefill) throw UsageError("--kv-cache needs --prefill (the caches are --prefill's)");
+    if (!o.prefill && !o.share_prefix)
+      throw UsageError("--kv-cache needs --prefill or --share-prefix (the caches are theirs)");
     if (o.kv_bf16 && o.precision == Precision::f64)
       throw UsageError("--kv-cache bf16: not available with --dtype f64 (a bf16 cache serves "
                        "float32 forwards)");

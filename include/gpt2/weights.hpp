@@ -10,8 +10,9 @@
 //
 // The weight precision is a property of the packed copy, not of the type: a forward on
 // AttentionWeights<float> runs bf16 projections exactly when its weights were packed to bf16
-// (weight_dtype()). Biases, inputs, outputs, q, k, v, the attention core and the KV cache stay
-// float32.
+// (weight_dtype()). Biases, inputs, outputs, q, k and v stay float32, and so does the attention
+// core's arithmetic (at the avx512_bf16 and amx levels its products run in bf16 too); the KV
+// cache's storage is the cache's own choice (KVCache<bfloat16>: kv_cache.hpp).
 #pragma once
 
 #include <memory>
@@ -111,7 +112,7 @@ class AttentionWeights {
 // dtype bf16: the copy is c_attn.weight and c_proj.weight rounded to bfloat16 (nearest, ties to
 // even: exact for a checkpoint stored in BF16, which the safetensors loader widens to float32;
 // F16 values are rounded), 2 C^2 + 32 pad rows' worth of bf16 (4.7 MB for GPT-2 small), in the
-// bf16 panel layout (kernels/bf16.hpp). Every level then reads the bf16 copy, never the views: a
+// bf16 panel layout (kernels/layout.hpp). Every level then reads the bf16 copy, never the views: a
 // projection's result depends on the level (docs/kernels.md), each level's rows stay exact
 // (decode == prefill, bitwise).
 template <class U>

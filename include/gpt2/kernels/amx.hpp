@@ -1,5 +1,5 @@
 // The amx level's bf16 product: C[M, N] += A[M, K] * B[K, N] on AMX tiles (TDPBF16PS), A float32
-// rounded to bf16 (nearest even), B a bf16 weight in the bf16 panel layout of kernels/bf16.hpp,
+// rounded to bf16 (nearest even), B a bf16 weight in the bf16 panel layout of kernels/layout.hpp,
 // float32 accumulation.
 //
 // Tiles: C as 2 x 2 tiles of 16 x 16 floats (a 32-row, 32-column block: tmm0-3), A as two 16 x 32

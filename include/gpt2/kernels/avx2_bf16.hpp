@@ -1,5 +1,5 @@
 // The bf16 product of the avx2 level: C[M, N] += A[M, K] * B[K, N], A float32, B a bf16 weight in
-// the bf16 panel layout of kernels/bf16.hpp (depth Kp), widened to float32 in registers (k even:
+// the bf16 panel layout of kernels/layout.hpp (depth Kp), widened to float32 in registers (k even:
 // the low halves of a pair row shifted up 16 bits; k odd: the high halves). Every element of C is
 // one chain of fused multiply-adds, k in order, from C's value: bitwise the avx512 level's
 // widening product (and the float32 gemm on the widened weight).

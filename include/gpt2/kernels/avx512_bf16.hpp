@@ -1,5 +1,5 @@
 // The bf16 products of the avx512 and avx512_bf16 levels: C[M, N] += A[M, K] * B[K, N], A float32
-// (row-major), B a bf16 weight in the bf16 panel layout of kernels/bf16.hpp (depth Kp).
+// (row-major), B a bf16 weight in the bf16 panel layout of kernels/layout.hpp (depth Kp).
 //
 //   avx512::gemm_bf16        B widened to float32 in registers (k even: a pair row's low halves
 //                            shifted up 16 bits; k odd: its high halves), A float32: every element
