@@ -111,16 +111,8 @@ RowMatrix<T> attend(const RowMatrix<T>& q, const RowMatrix<T>& k, const RowMatri
   scratch.set_bf16_products(bf16);
   gpt2::ConstMatrixRef<T> qr = q;
   gpt2::MatrixRef<T> o = out;
-  const T* key_page = k.data();
-  const T* value_page = v.data();
-  gpt2::HeadPages<T> kv;  // one page each
-  kv.key_pages = &key_page;
-  kv.value_pages = &value_page;
-  kv.page_rows = std::max<Index>(k.rows(), 1);
-  kv.row_stride = k.outerStride();
-  kv.value_stride = v.outerStride();
-  kv.n_keys = k.rows();
-  kv.head_dim = q.cols();
+  const T* pages[2];
+  const gpt2::HeadPages<T> kv = gpt2::detail::one_page<T>(k, v, pages);
   for (Index r0 = 0; r0 < q.rows(); r0 += tile)
     gpt2::detail::attend_rows<T, T>(gpt2::kernels::table<T>(), qr, kv, r0,
                                     std::min(tile, q.rows() - r0), o, scratch);
@@ -149,7 +141,7 @@ class CoreKernels : public ::testing::TestWithParam<Isa> {
     if (!gpt2::isa_supported(GetParam()))
       GTEST_SKIP() << "skipped: the CPU has no " << gpt2::isa_name(GetParam());
   }
-  const gpt2::kernels::Kernels<float>& k() const { return gpt2::kernels::float_table(GetParam()); }
+  const gpt2::kernels::Kernels<float>& k() const { return gpt2::kernels::table<float>(GetParam()); }
 };
 
 struct TileCase {
@@ -286,7 +278,7 @@ class Bf16Pages : public ::testing::TestWithParam<Isa> {
 };
 
 TEST_P(Bf16Pages, TilesGiveTheBitsOfTheWidenedFloatPages) {
-  const gpt2::kernels::Kernels<float>& kern = gpt2::kernels::float_table(GetParam());
+  const gpt2::kernels::Kernels<float>& kern = gpt2::kernels::table<float>(GetParam());
   std::uint32_t seed = 900;
   for (const bool bf16_products : {false, true})
     for (const Index hd : {64, 33})

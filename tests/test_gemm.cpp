@@ -227,7 +227,7 @@ TEST(GemvKernel, RowTimesTransposedIsTheDocumentedSumOnStridedRows) {
   if (vector_levels().empty()) GTEST_SKIP() << "skipped: the CPU has no avx2 (Eigen's GEMM runs)";
   for (const gpt2::Isa isa : vector_levels()) {
   SCOPED_TRACE(gpt2::isa_name(isa));
-  const gpt2::kernels::Kernels<float>& kern = gpt2::kernels::float_table(isa);
+  const gpt2::kernels::Kernels<float>& kern = gpt2::kernels::table<float>(isa);
   std::srand(23);
   for (const Index N : {1, 15, 16, 17, 33, 1023})
     for (const Index K : {1, 15, 16, 17, 63, 64, 65, 100}) {

@@ -88,7 +88,7 @@ TEST(KernelDispatch, SetIsaForcesEveryAvailableLevelAndKernelInfoSaysSo) {
     // every level has a complete table of its own (generic's included), the active one's
     const gpt2::kernels::Kernels<float>& k = gpt2::kernels::table<float>();
     EXPECT_EQ(k.isa, isa);
-    EXPECT_EQ(&k, &gpt2::kernels::float_table(isa));
+    EXPECT_EQ(&k, &gpt2::kernels::table<float>(isa));
     EXPECT_EQ(k.row_exact, isa != Isa::generic);
     EXPECT_TRUE(k.project && k.gemm && k.row_times_transposed && k.softmax_row &&
                 k.attention_tile && k.row_partials && k.merge_row_partials && k.tile_rows);

@@ -76,23 +76,31 @@ void attend_head(const ConstMatrixRef<T>& q, const HeadPages<E>& kv, MatrixRef<T
   }
 }
 
-// k, v [n_keys, head_dim] as one page each (their strides may differ).
+// k, v [n_keys, head_dim] as one page each (their strides may differ); `pages` holds the two
+// page pointers, and must outlive the result.
+template <class T>
+HeadPages<T> one_page(const ConstMatrixRef<T>& k, const ConstMatrixRef<T>& v,
+                      const T* (&pages)[2]) {
+  pages[0] = k.data();
+  pages[1] = v.data();
+  HeadPages<T> kv;
+  kv.key_pages = &pages[0];
+  kv.value_pages = &pages[1];
+  kv.page_rows = std::max<Index>(k.rows(), 1);
+  kv.row_stride = k.outerStride();
+  kv.value_stride = v.outerStride();
+  kv.n_keys = k.rows();
+  kv.head_dim = k.cols();
+  return kv;
+}
+
 template <class T>
 void causal_attention_head(const ConstMatrixRef<T>& q, const ConstMatrixRef<T>& k,
                            const ConstMatrixRef<T>& v, MatrixRef<T>& out, MatrixRef<T>* probs,
                            AttentionScratch<T>& scratch) {
   check_attention_head<T>(q, k, v, out, probs);
-  const T* key_page = k.data();
-  const T* value_page = v.data();
-  HeadPages<T> kv;
-  kv.key_pages = &key_page;
-  kv.value_pages = &value_page;
-  kv.page_rows = std::max<Index>(k.rows(), 1);
-  kv.row_stride = k.outerStride();
-  kv.value_stride = v.outerStride();
-  kv.n_keys = k.rows();
-  kv.head_dim = q.cols();
-  attend_head<T, T>(q, kv, out, probs, scratch);
+  const T* pages[2];
+  attend_head<T, T>(q, one_page<T>(k, v, pages), out, probs, scratch);
 }
 
 }  // namespace detail

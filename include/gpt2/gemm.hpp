@@ -38,8 +38,8 @@ void gemm_accumulate(T alpha, const Eigen::MatrixBase<DA>& a, const Eigen::Matri
   detail::check_gemm_shapes(M, K, KB, N, C.rows(), C.cols());
   if (detail::overlaps(C, A) || detail::overlaps(C, B))
     throw ShapeError("gemm: the output C overlaps an input");
-  kernels::table<T>().gemm(op_b, alpha, M, N, K, A.data(), A.outerStride(), B.data(),
-                           B.outerStride(), C.data(), C.outerStride(), scratch);
+  kernels::product<T>(op_b, alpha, M, N, K, A.data(), A.outerStride(), B.data(), B.outerStride(),
+                      C.data(), C.outerStride(), scratch);
 }
 
 // C[M, n] += A[M, K] * B[:, j0 : j0 + n], B [K, N] given as a row-major view and, optionally, as

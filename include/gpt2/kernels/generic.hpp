@@ -286,7 +286,7 @@ using StridedMap = Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>>;
 template <class T>
 using ConstStridedMap = Eigen::Map<const RowMatrix<T>, 0, Eigen::OuterStride<>>;
 
-// The table's gemm: C[M, N] += alpha A op(B).
+// C[M, N] += alpha A op(B) through Eigen.
 template <class T>
 void gemm_entry(Op op, T alpha, Index M, Index N, Index K, const T* A, Index lda, const T* B,
                 Index ldb, T* C, Index ldc, GemmScratch<T>& scratch) {
@@ -297,6 +297,13 @@ void gemm_entry(Op op, T alpha, Index M, Index N, Index K, const T* A, Index lda
                                 : ConstStridedMap<T>(B, N, K, Eigen::OuterStride<>(ldb)));
   MatrixRef<T> c(StridedMap<T>(C, M, N, Eigen::OuterStride<>(ldc)));
   gemm<T>(alpha, a, b, op, c, scratch);
+}
+
+// The table's gemm: C[M, N] += A B.
+template <class T>
+void gemm_plain(Index M, Index N, Index K, const T* A, Index lda, const T* B, Index ldb, T* C,
+                Index ldc, GemmScratch<T>& scratch) {
+  gemm_entry<T>(Op::None, T(1), M, N, K, A, lda, B, ldb, C, ldc, scratch);
 }
 
 // C = bias + A B_j0 (Projection): a bf16 copy widened panel by panel, else Eigen's GEMM on the
@@ -361,7 +368,7 @@ const Kernels<T>& generic_table() {
     k.isa = Isa::generic;
     k.row_exact = false;
     k.project = generic::project<T>;
-    k.gemm = generic::gemm_entry<T>;
+    k.gemm = generic::gemm_plain<T>;
     k.row_times_transposed = generic::row_times_transposed<T>;
     k.softmax_row = generic::scaled_softmax_row<T>;
     k.attention_tile = generic::attention_tile<T>;
@@ -371,6 +378,17 @@ const Kernels<T>& generic_table() {
     return k;
   }();
   return t;
+}
+
+// C[M, N] += alpha A op(B): the active level's product when it is a plain one (op None, alpha 1),
+// Eigen's otherwise (the vector levels have no kernel for the others).
+template <class T>
+void product(Op op, T alpha, Index M, Index N, Index K, const T* A, Index lda, const T* B,
+             Index ldb, T* C, Index ldc, GemmScratch<T>& scratch) {
+  if (op == Op::None && alpha == T(1))
+    table<T>().gemm(M, N, K, A, lda, B, ldb, C, ldc, scratch);
+  else
+    generic::gemm_entry<T>(op, alpha, M, N, K, A, lda, B, ldb, C, ldc, scratch);
 }
 
 }  // namespace gpt2::kernels

@@ -6,10 +6,13 @@
 // kernels of every level (header-only). A program of many translation units can instead define
 // GPT2_ATTENTION_SEPARATE_KERNELS in all of them and, in exactly one, also
 // GPT2_ATTENTION_KERNELS_IMPLEMENTATION before including any gpt2 header: the entry point
-// (float_table) is then only declared elsewhere and defined in that one, which alone compiles the
+// (vector_table) is then only declared elsewhere and defined in that one, which alone compiles the
 // vector levels (the generic level, Eigen's, stays in every file). The code that runs is the same.
 #pragma once
 
+#include <string>
+
+#include "gpt2/error.hpp"
 #include "gpt2/kernels/generic.hpp"
 #include "gpt2/kernels/table.hpp"
 
@@ -60,86 +63,81 @@ void project(const Projection<float>& p, GemmScratch<float>& scratch) {
     G(p.M, p.N, p.K, p.A, p.lda, p.B, p.ldb, p.C, p.ldc, scratch.packed_b());
 }
 
-// C += alpha A op(B): the level's gemm for the plain product, Eigen's for the others.
+// C += A B: the level's gemm, B packed per call into the scratch's buffer.
 template <Gemm G>
-void gemm(Op op, float alpha, Index M, Index N, Index K, const float* A, Index lda,
-          const float* B, Index ldb, float* C, Index ldc, GemmScratch<float>& scratch) {
+void gemm(Index M, Index N, Index K, const float* A, Index lda, const float* B, Index ldb,
+          float* C, Index ldc, GemmScratch<float>& scratch) {
   if (M == 0 || N == 0 || K == 0) return;
-  if (op == Op::None && alpha == 1.0f)
-    G(M, N, K, A, lda, B, ldb, C, ldc, scratch.packed_b());
-  else
-    generic::gemm_entry<float>(op, alpha, M, N, K, A, lda, B, ldb, C, ldc, scratch);
+  G(M, N, K, A, lda, B, ldb, C, ldc, scratch.packed_b());
+}
+
+// A vector level's table from its own functions.
+inline Kernels<float> make_table(
+    Isa isa, void (*project)(const Projection<float>&, GemmScratch<float>&),
+    decltype(Kernels<float>::gemm) gemm,
+    decltype(Kernels<float>::row_times_transposed) row_times_transposed,
+    decltype(Kernels<float>::softmax_row) softmax_row,
+    decltype(Kernels<float>::attention_tile) attention_tile,
+    decltype(Kernels<float>::row_partials) row_partials,
+    decltype(Kernels<float>::merge_row_partials) merge_row_partials) {
+  Kernels<float> k;
+  k.isa = isa;
+  k.row_exact = true;
+  k.project = project;
+  k.gemm = gemm;
+  k.row_times_transposed = row_times_transposed;
+  k.softmax_row = softmax_row;
+  k.attention_tile = attention_tile;
+  k.row_partials = row_partials;
+  k.merge_row_partials = merge_row_partials;
+  k.tile_rows = generic::tile_rows<float>;
+  return k;
 }
 
 }  // namespace vector_level
 
 #if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 inline namespace separate_kernels {
-const Kernels<float>& float_table(Isa isa) {
+const Kernels<float>& vector_table(Isa isa) {
 #else
-inline const Kernels<float>& float_table(Isa isa) {
+inline const Kernels<float>& vector_table(Isa isa) {
 #endif
+  using vector_level::make_table;
+  using vector_level::project;
 #if GPT2_KERNELS_HAVE_AVX2
-  static const Kernels<float> avx2_table = [] {
-    Kernels<float> k;
-    k.isa = Isa::avx2;
-    k.row_exact = true;
-    k.project = vector_level::project<avx2::gemm, avx2::gemm_packed, avx2::gemm_bf16>;
-    k.gemm = vector_level::gemm<avx2::gemm>;
-    k.row_times_transposed = avx2::row_times_transposed;
-    k.softmax_row = avx2::softmax_row;
-    k.attention_tile = avx2::attention_tile;
-    k.row_partials = avx2::row_partials;
-    k.merge_row_partials = avx2::merge_row_partials;
-    k.tile_rows = generic::tile_rows<float>;
-    return k;
-  }();
+  static const Kernels<float> avx2_table = make_table(
+      Isa::avx2, project<avx2::gemm, avx2::gemm_packed, avx2::gemm_bf16>,
+      vector_level::gemm<avx2::gemm>, avx2::row_times_transposed, avx2::softmax_row,
+      avx2::attention_tile, avx2::row_partials, avx2::merge_row_partials);
   if (isa == Isa::avx2) return avx2_table;
 #endif
 #if GPT2_KERNELS_HAVE_AVX512
   // avx512_bf16 and amx run avx512's float32 kernels; they differ in their bf16 products and in
   // the attention of bf16 tiles (bf16 weights).
-  using Project = void (*)(const Projection<float>&, GemmScratch<float>&);
-  const auto avx512_family = [](Isa level, Project project) {
-    Kernels<float> k;
-    k.isa = level;
-    k.row_exact = true;
-    k.project = project;
-    k.gemm = vector_level::gemm<avx512::gemm>;
-    k.row_times_transposed = avx512::row_times_transposed;
-    k.softmax_row = avx512::softmax_row;
-    k.attention_tile = avx512::attention_tile;
-    k.row_partials = avx512::row_partials;
-    k.merge_row_partials = avx512::merge_row_partials;
-    k.tile_rows = generic::tile_rows<float>;
-    return k;
-  };
-  static const Kernels<float> avx512_table = avx512_family(
-      Isa::avx512,
-      vector_level::project<avx512::gemm, avx512::gemm_packed, avx512::gemm_bf16>);
+  static const Kernels<float> avx512_table = make_table(
+      Isa::avx512, project<avx512::gemm, avx512::gemm_packed, avx512::gemm_bf16>,
+      vector_level::gemm<avx512::gemm>, avx512::row_times_transposed, avx512::softmax_row,
+      avx512::attention_tile, avx512::row_partials, avx512::merge_row_partials);
   if (isa == Isa::avx512) return avx512_table;
-  static const Kernels<float> avx512_bf16_table = [&] {
-    Kernels<float> k = avx512_family(
-        Isa::avx512_bf16,
-        vector_level::project<avx512::gemm, avx512::gemm_packed, avx512_bf16::gemm_bf16>);
-    k.attention_tile = avx512_bf16::attention_tile;
-    k.row_partials = avx512_bf16::row_partials;
-    return k;
-  }();
+  static const Kernels<float> avx512_bf16_table = make_table(
+      Isa::avx512_bf16, project<avx512::gemm, avx512::gemm_packed, avx512_bf16::gemm_bf16>,
+      vector_level::gemm<avx512::gemm>, avx512::row_times_transposed, avx512::softmax_row,
+      avx512_bf16::attention_tile, avx512_bf16::row_partials, avx512::merge_row_partials);
   if (isa == Isa::avx512_bf16) return avx512_bf16_table;
 #endif
 #if GPT2_KERNELS_HAVE_AMX
-  static const Kernels<float> amx_table = [&] {
-    Kernels<float> k = avx512_family(
-        Isa::amx, vector_level::project<avx512::gemm, avx512::gemm_packed, amx::gemm_bf16>);
-    k.attention_tile = amx::attention_tile;
+  static const Kernels<float> amx_table = [] {
+    Kernels<float> k = make_table(
+        Isa::amx, project<avx512::gemm, avx512::gemm_packed, amx::gemm_bf16>,
+        vector_level::gemm<avx512::gemm>, avx512::row_times_transposed, avx512::softmax_row,
+        amx::attention_tile, avx512::row_partials, avx512::merge_row_partials);
     k.tile_rows = amx::tile_rows;
     return k;
   }();
   if (isa == Isa::amx) return amx_table;
 #endif
-  (void)isa;
-  return generic_table<float>();
+  throw ConfigError(std::string("kernels: this build has no vector kernels for level ") +
+                    isa_name(isa));
 }
 #if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 }  // namespace separate_kernels

@@ -63,9 +63,9 @@ struct Kernels {
   bool row_exact = false;
   // C = bias + A B_j0 (Projection). Packing buffers in scratch (grown when too small).
   void (*project)(const Projection<T>& p, GemmScratch<T>& scratch) = nullptr;
-  // C[M, N] += alpha A[M, K] op(B) (B [K, N], or [N, K] transposed).
-  void (*gemm)(Op op, T alpha, Index M, Index N, Index K, const T* A, Index lda, const T* B,
-               Index ldb, T* C, Index ldc, GemmScratch<T>& scratch) = nullptr;
+  // C[M, N] += A[M, K] B[K, N] (B row-major, stride ldb).
+  void (*gemm)(Index M, Index N, Index K, const T* A, Index lda, const T* B, Index ldb, T* C,
+               Index ldc, GemmScratch<T>& scratch) = nullptr;
   // c[1, N] = a[1, K] B[N, K]^T: the scores of one query row against N key rows (stride ldb).
   void (*row_times_transposed)(Index N, Index K, const T* a, const T* B, Index ldb,
                                T* c) = nullptr;
@@ -84,27 +84,35 @@ struct Kernels {
   Index (*tile_rows)(bool bf16_products, Index head_dim, bool probabilities) = nullptr;
 };
 
-// The generic level's table for T (kernels/generic.hpp).
+// The generic level's table for T (kernels/generic.hpp: Eigen's code, compiled in every file that
+// uses it, in either mode below).
 template <class T>
 const Kernels<T>& generic_table();
 
-// The entry point: level isa's float table (kernels/levels.hpp; a ConfigError-free lookup: isa
-// must be one this build and machine can run, as active_isa() gives).
+// The vector levels' tables (kernels/levels.hpp; in the separate-kernels mode compiled in one file
+// only): isa is a vector level this build has (ConfigError otherwise).
 #if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
 inline namespace separate_kernels {
-const Kernels<float>& float_table(Isa isa);
+const Kernels<float>& vector_table(Isa isa);
 }
 #else
-inline const Kernels<float>& float_table(Isa isa);
+inline const Kernels<float>& vector_table(Isa isa);
 #endif
 
-// The table the forwards run: the active level's for float, the generic one for double.
+// The entry point: level isa's table (isa one this machine can run, as active_isa() gives); double
+// runs the generic level's at every level.
+template <class T>
+const Kernels<T>& table(Isa isa) {
+  if constexpr (std::is_same<T, float>::value)
+    return isa == Isa::generic ? generic_table<float>() : vector_table(isa);
+  else
+    return (void)isa, generic_table<T>();
+}
+
+// The table the forwards run: the active level's.
 template <class T>
 const Kernels<T>& table() {
-  if constexpr (std::is_same<T, float>::value)
-    return float_table(active_isa());
-  else
-    return generic_table<T>();
+  return table<T>(active_isa());
 }
 
 }  // namespace kernels
