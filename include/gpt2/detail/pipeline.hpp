@@ -12,7 +12,8 @@
 //                                                              or by rows where rows are exact)
 //   cache rows p .. p + T - 1 = qkv's k and v blocks          cache.write_head
 //   merged [T, C_h] = heads of q over cache.head_pages(h)      attend_heads: (head, tile) tasks,
-//                                                              or a decode step's key blocks
+//                                                              or a decode step's key blocks'
+//                                                              partials (decode_step)
 //   out [T, C] = merged @ c_proj + c_proj.bias                 project_parts
 // A decode step (T = 1, at least as many heads as threads) runs all of it in one parallel region
 // (decode_step_region). Every task computes its own part with the same arithmetic whichever thread
@@ -474,22 +475,42 @@ ConstMatrixRef<T> q_of(const ConstMatrixRef<T>& qkv, const AttentionConfig& head
   return qkv.middleCols(h * heads.head_dim(), heads.head_dim());
 }
 
-// A decode step (one row) with fewer heads than threads: each head's keys split into chunks of
-// 64-key blocks over the threads, each block a partial, then each head's partials merged in block
-// order: the bits of the unsplit step on any thread count. False (nothing done) when the step
-// does not call for it.
+// One head of a decode step: q's one row over all of kv's key blocks, each block's partial written
+// to parts (room for every block), then merged in block order into out: attend_rows' bits. The
+// fused core would fold the partials block by block instead; written out and merged after, the
+// keys stream from memory faster (CHANGELOG.md, 0.3.0).
+template <class T, class E>
+void decode_head(const kernels::Kernels<T>& k, const ConstMatrixRef<T>& q, const HeadPages<E>& kv,
+                 T* parts, T* out, AttentionScratch<T>& scratch) {
+  const Index n_blocks = (kv.n_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock;
+  row_partials<T>(k, q, kv, 0, n_blocks, parts, scratch);
+  merge_row_partials<T>(k, kv.head_dim, kv.n_keys, parts, out, scratch);
+}
+
+// A decode step (one row, no probabilities): each head's row from its key blocks' partials,
+// merged in block order (decode_head). With fewer heads than threads, each head's blocks split
+// into chunks over the threads, then the merges: the same bits on any thread count. False
+// (nothing done) when the step is not a decode step.
 template <class T, class Keys>
-bool split_decode_step(const kernels::Kernels<T>& k, const AttentionConfig& heads,
-                       const ConstMatrixRef<T>& qkv, const Keys& keys, Workspace<T>& ws,
-                       MatrixRef<T>& merged, int n_threads) {
+bool decode_step(const kernels::Kernels<T>& k, const AttentionConfig& heads,
+                 const ConstMatrixRef<T>& qkv, const Keys& keys, Workspace<T>& ws,
+                 MatrixRef<T>& merged, int n_threads) {
   const Index n_head = heads.n_head, hd = heads.head_dim();
-  if (qkv.rows() != 1 || n_head >= n_threads) return false;
+  if (qkv.rows() != 1) return false;
   const Index n_keys = keys.head_pages(0).n_keys;
   const Index n_blocks = (n_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock;
   const Index chunks = std::min<Index>(n_blocks, (n_threads + n_head - 1) / n_head);
   const Index stride = kernels::partial_stride(hd);
-  if (chunks < 2 || n_head * n_blocks * stride > ws.partials_size()) return false;
+  if (n_head * n_blocks * stride > ws.partials_size()) return false;
   T* parts = ws.partials();
+  if (chunks < 2) {
+    parallel_tasks(n_head, n_threads, [&](Index h, int thread) {
+      decode_head<T>(k, q_of<T>(qkv, heads, h), keys.head_pages(h),
+                     parts + h * n_blocks * stride, merged.data() + h * hd,
+                     ws.threads[static_cast<std::size_t>(thread)].attention);
+    });
+    return true;
+  }
   parallel_tasks(n_head * chunks, n_threads, [&](Index task, int thread) {
     const Index h = task / chunks, c = task % chunks;
     const Index b0 = c * n_blocks / chunks, b1 = (c + 1) * n_blocks / chunks;
@@ -515,7 +536,7 @@ void attend_heads(const kernels::Kernels<T>& k, const Sublayer<T>& s, const Cons
                   int n_threads) {
   const AttentionConfig& heads = s.heads;
   const Index T_ = qkv.rows(), n_head = heads.n_head, hd = heads.head_dim();
-  if (!probs && split_decode_step<T>(k, heads, qkv, keys, ws, merged, n_threads)) return;
+  if (!probs && decode_step<T>(k, heads, qkv, keys, ws, merged, n_threads)) return;
   const Index row_block = probs ? kernels::kTileMaxRows
                                 : k.tile_rows(s.bf16_products, hd, false);
   const Index tiles = (T_ + row_block - 1) / row_block;
@@ -605,14 +626,18 @@ void run_forward(const kernels::Kernels<T>& k, const Sublayer<T>& s, const Const
   const int n_threads = forward_threads(ws);
   const ConstMatrixRef<T> qkv_read = qkv;
   // x is fully read by the first step (here or in the region): out may alias x
-  if (!probs && T_ == 1 && n_threads >= 2 && s.heads.n_head >= n_threads) {
+  // each head's partials: ws.partials() + h * head_parts (decode_head)
+  const Index head_parts =
+      (p + 1 + kernels::kKeyBlock - 1) / kernels::kKeyBlock * kernels::partial_stride(hd);
+  if (!probs && T_ == 1 && n_threads >= 2 && s.heads.n_head >= n_threads &&
+      s.heads.n_head * head_parts <= ws.partials_size()) {
     const QkvKeys<T> own(s.heads, qkv_read, ws.qkv_pages());
     const auto& keys = keys_of(cache, own);
     decode_step_region<T>(k, s, x, ws, out, n_threads, [&](Index h, int thread) {
       cache.write_head(h, p, qkv_read.middleCols(Ch, Ch), qkv_read.middleCols(2 * Ch, Ch));
-      MatrixRef<T> y = merged.middleCols(h * hd, hd);
-      attend_rows(k, q_of<T>(qkv_read, s.heads, h), keys.head_pages(h), 0, 1, y,
-                  ws.threads[static_cast<std::size_t>(thread)].attention);
+      decode_head<T>(k, q_of<T>(qkv_read, s.heads, h), keys.head_pages(h),
+                     ws.partials() + h * head_parts, merged.data() + h * hd,
+                     ws.threads[static_cast<std::size_t>(thread)].attention);
     });
     return;
   }
