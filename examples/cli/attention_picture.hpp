@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gpt2/types.hpp"
+#include "picture.hpp"  // ColourScale, Span
 #include "png_image.hpp"
 
 namespace gpt2::cli {
@@ -35,18 +36,10 @@ inline constexpr Rgb kFrame{60, 60, 60};       // one-pixel frame around each ti
 inline constexpr Rgb kInk{20, 20, 20};         // labels
 inline constexpr int kTargetTile = 192;        // pixels per tile side for T <= kTargetTile
 
-// How a probability becomes a colour: viridis(p), or viridis(sqrt(p)).
-enum class ColourScale { linear, sqrt };
-
 // The position on the colour map of probability p under `scale`.
 inline double scaled(double p, ColourScale scale) {
   return scale == ColourScale::sqrt && p > 0 ? std::sqrt(p) : p;
 }
-
-// The real tokens of one sequence: rows and keys start .. start + length - 1 of its maps.
-struct Span {
-  Index start = 0, length = 0;
-};
 
 // Where everything of the picture goes, in pixels; (x, y) is the top-left corner, y going down.
 class PictureLayout {

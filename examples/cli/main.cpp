@@ -6,10 +6,23 @@
 //   gpt2-attention help | --help | -h                                                usage.hpp
 //   gpt2-attention --version      version, kernel level in use and the CPU features seen
 //
+// Translation units (compiled side by side; the headers declare what crosses them):
+//   main.cpp                 this file: the command line dispatched, errors reported
+//   run_command.cpp          run: options, float or double, files written (run_compute.hpp)
+//   run_float.cpp            run's forwards in float (f32, bf16), every path (run_forwards.hpp)
+//   run_double.cpp           run's forwards in double (f64)
+//   checkpoint.cpp           a checkpoint opened and a layer loaded (run and demo)
+//   tensor_parallel_run.cpp  run --tensor-parallel (with MPI only)
+//   demo_command.cpp         demo
+//   picture.cpp              --png: the picture drawn and encoded
+//   kernels.cpp              the vector levels' kernels, compiled once (cli_kernels.hpp)
+//
 // Exit status: 0 success, 2 a malformed command line (cli::UsageError), 1 anything wrong with the
 // data (gpt2::Error: files, tensors, shapes, configuration). Errors are one line on stderr,
 // "gpt2-attention: <problem>", and no output file is left behind. Output that cannot be written to
 // stdout (a full disk, a closed pipe) is an error too (status 1).
+#include "cli_kernels.hpp"  // first: the kernels are compiled once, in kernels.cpp
+
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -20,11 +33,10 @@
 
 #include "args.hpp"
 #include "demo_command.hpp"
+#include "gpt2/kernels/isa.hpp"
+#include "gpt2/version.hpp"
 #include "run_command.hpp"
 #include "usage.hpp"
-#if GPT2_CLI_TENSOR_PARALLEL
-#include "tensor_parallel_run.hpp"
-#endif
 
 namespace {
 

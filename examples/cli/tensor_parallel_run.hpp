@@ -9,7 +9,8 @@
 // forwards agree before they compute; an error on any rank is thrown on every rank with the same
 // message, which rank 0 prints (exit status 1 on every rank; mpiexec then reports the job
 // aborted). MPI_Init is called only here: every
-// other command line of the CLI runs without MPI.
+// other command line of the CLI runs without MPI. Compiled in tensor_parallel_run.cpp alone (it
+// defines run_tensor_parallel, declared in run_command.hpp).
 #pragma once
 
 #include <mpi.h>
@@ -20,6 +21,7 @@
 
 #include "gpt2/tensor_parallel.hpp"
 #include "run_command.hpp"
+#include "run_compute.hpp"
 
 namespace gpt2::cli {
 
@@ -99,7 +101,7 @@ void run_tensor_parallel_in(const RunOptions& o, const MpiSession& mpi) {
   });
 }
 
-inline int run_tensor_parallel(const RunOptions& o) {
+int run_tensor_parallel(const RunOptions& o) {
   const MpiSession mpi;
   try {
     if (o.precision == Precision::f64)
