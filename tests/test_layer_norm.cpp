@@ -53,7 +53,7 @@ TYPED_TEST(LayerNormTest, WeightAndBiasTakeAnyEigenVector) {
   gpt2::layer_norm<T>(x, gpt2::view(w), gpt2::view(b), T(1e-5), expected);
 
   RowMatrix<T> y(T_, C);
-  gpt2::layer_norm(x, w, b, T(1e-5), y);  // RowVector, T deduced from eps
+  gpt2::layer_norm(x, w, b, T(1e-5), y);  // RowVector, T deduced from the input
   EXPECT_EQ(y, expected);
 
   const ColVector w_col = w.transpose(), b_col = b.transpose();  // column vectors
@@ -85,6 +85,29 @@ TYPED_TEST(LayerNormTest, WeightAndBiasTakeAnyEigenVector) {
   y.setZero();
   gpt2::layer_norm<T>(x, Eigen::Map<const ColVector>(w_buf.data(), C), b, T(1e-5), y);
   EXPECT_EQ(y, expected);
+}
+
+// T comes from the data, not from eps: float data with a double (or integer) eps compiles and
+// computes in float, eps converted to float first, so 1e-5 gives the result of 1e-5f bit for bit.
+TEST(LayerNormEps, AnyArithmeticEpsIsConvertedToTheInputsType) {
+  std::srand(7);
+  const Index T_ = 4, C = 32;
+  const RowMatrix<float> x = RowMatrix<float>::Random(T_, C);
+  const RowVector<float> w = RowVector<float>::Random(C), b = RowVector<float>::Random(C);
+  RowMatrix<float> with_float(T_, C), with_double(T_, C), with_int(T_, C), explicit_t(T_, C);
+  gpt2::layer_norm(x, w, b, 1e-5f, with_float);
+  gpt2::layer_norm(x, w, b, 1e-5, with_double);  // a double literal: T is still float
+  EXPECT_EQ(with_double, with_float);
+  gpt2::layer_norm<float>(x, w, b, 1e-5, explicit_t);  // T given: the same
+  EXPECT_EQ(explicit_t, with_float);
+  gpt2::layer_norm(x, w, b, 1, with_int);  // any arithmetic type
+  EXPECT_TRUE(with_int.allFinite());
+  EXPECT_NE(with_int, with_float);
+  // double data with a float eps: computed in double.
+  const RowMatrix<double> xd = x.cast<double>();
+  RowMatrix<double> yd(T_, C);
+  gpt2::layer_norm(xd, RowVector<double>(w.cast<double>()), RowVector<double>(b.cast<double>()), 1e-5f, yd);
+  EXPECT_TRUE(gpt2::test::near(yd, with_float.cast<double>().eval(), 1e-5, 1e-5));
 }
 
 TEST(LayerNormErrors, ShapesAreNamed) {

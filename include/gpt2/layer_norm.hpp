@@ -24,6 +24,10 @@ void check_ln_vector(const char* what, Index C, const Eigen::MatrixBase<D>& v) {
   check_shape(what, {C}, {v.size()});
 }
 
+// layer_norm's T: the one given (layer_norm<float>(...)), else the input's scalar type.
+template <class T, class D>
+using ln_scalar_t = std::conditional_t<std::is_void<T>::value, typename D::Scalar, T>;
+
 }  // namespace detail
 
 // out[t, :] = (in[t, :] - mean) / sqrt(var + eps) * weight + bias, with the biased variance.
@@ -31,14 +35,20 @@ void check_ln_vector(const char* what, Index C, const Eigen::MatrixBase<D>& v) {
 //   vector expression of T: RowVector, VectorX, ConstVectorMap, a matrix row, `2 * w`),
 //   out [T, C] (written; may be the same storage as in: each row is read before it is written)
 // PyTorch: F.layer_norm(in, (C,), weight, bias, eps)
-// Mean and variance are accumulated in double (two passes) for any T.
-template <class T, class D, class DW, class DB>
+// T is the input's scalar type (or the one given: layer_norm<float>(...)); eps may be of any
+// arithmetic type and is converted to T first, so with float data 1e-5 and 1e-5f give the same
+// result. Mean and variance are accumulated in double (two passes) for any T.
+template <class T = void, class D, class DW, class DB, class Eps>
 void layer_norm(const Eigen::MatrixBase<D>& in_, const Eigen::MatrixBase<DW>& weight_,
-                const Eigen::MatrixBase<DB>& bias_, T eps, MatrixRef<T> out) {
-  const ConstMatrixRef<T> in = detail::as_view<T>(in_);
+                const Eigen::MatrixBase<DB>& bias_, Eps eps_,
+                MatrixRef<detail::ln_scalar_t<T, D>> out) {
+  static_assert(std::is_arithmetic<Eps>::value, "gpt2::layer_norm: eps must be a number");
+  using S = detail::ln_scalar_t<T, D>;
+  const S eps = static_cast<S>(eps_);
+  const ConstMatrixRef<S> in = detail::as_view<S>(in_);
   const Index T_ = in.rows(), C = in.cols();
-  detail::check_ln_vector<T>("ln.weight", C, weight_);
-  detail::check_ln_vector<T>("ln.bias", C, bias_);
+  detail::check_ln_vector<S>("ln.weight", C, weight_);
+  detail::check_ln_vector<S>("ln.bias", C, bias_);
   detail::check_shape("out", {T_, C}, {out.rows(), out.cols()});
   // A vector in memory is read in place; a costly expression (a product) is evaluated once here,
   // into a temporary (the only case that allocates), a cheap one (`2 * w`) read coefficient-wise.
@@ -57,7 +67,7 @@ void layer_norm(const Eigen::MatrixBase<D>& in_, const Eigen::MatrixBase<DW>& we
     var /= static_cast<double>(C);
     const double inv_std = 1.0 / std::sqrt(var + static_cast<double>(eps));
     for (Index c = 0; c < C; ++c)
-      out(t, c) = static_cast<T>((static_cast<double>(in(t, c)) - mean) * inv_std *
+      out(t, c) = static_cast<S>((static_cast<double>(in(t, c)) - mean) * inv_std *
                                      static_cast<double>(weight(c)) +
                                  static_cast<double>(bias(c)));
   }
