@@ -775,6 +775,11 @@ TEST(SafetensorsOpen, Errors) {
   EXPECT_TRUE(Contains(message, bad + ": tensor 'w': entry must be an object"));
 }
 
+// An empty name is named as such, not as a file ": cannot open: No such file or directory".
+TEST(SafetensorsOpen, EmptyFileNameIsNamed) {
+  EXPECT_EQ(error_of<FormatError>([] { File::open(""); }), "safetensors: empty file name");
+}
+
 // ---------------------------------------------------------------------------------------------
 // load_attention on a synthetic layer (C = 8, n_head = 2)
 // ---------------------------------------------------------------------------------------------

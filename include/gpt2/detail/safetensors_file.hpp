@@ -100,8 +100,10 @@ class File {
   ~File() = default;
 
   // Maps `path` read-only and validates it (see the top of this header). Throws FormatError naming
-  // the path: strerror for a missing file or one that is not a regular file, the problem otherwise.
+  // the path: strerror for a missing file or one that is not a regular file, the problem otherwise;
+  // "safetensors: empty file name" for "" (there is no path to name).
   static File open(const std::string& path) {
+    if (path.empty()) throw FormatError("safetensors: empty file name");
     gpt2::detail::Mapping mapping = gpt2::detail::Mapping::map_file(path);
     File file = parse(mapping.data(), mapping.size(), path);
     file.mapping_ = std::move(mapping);
