@@ -880,6 +880,91 @@ TEST_F(CliBatchTest, GarbageInPaddedRowsReachesNothing) {
   }
 }
 
+// A NaN or an infinity in a real row of X: exit status 0, the outputs written, and one warning
+// line on stderr naming the first one (row, column, value) and what it does: every output row of
+// its sequence from there on is NaN (attention is causal), as are those rows of P; the rows
+// before it are the clean input's, bit for bit. The same through every path (--prefill, the bf16
+// KV cache, --share-prefix, f64, bf16 weights).
+TEST_F(CliBatchTest, NonFiniteInputWarnsAndExitsZero) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<Index> lengths = {kTb, kTb, 5};
+  const std::vector<std::string> paths[] = {{"--dtype", "f32"}, {"--prefill", "2"},
+                                            {"--prefill", "2", "--kv-cache", "bf16"},
+                                            {"--share-prefix", "0", "--prefill", "1"}, {"--dtype", "f64"},
+                                            {"--dtype", "bf16"}};
+  for (const auto& [name, value] : std::vector<std::pair<std::string, float>>{
+           {"nan", std::numeric_limits<float>::quiet_NaN()}, {"inf", inf}, {"-inf", -inf}}) {
+    for (const std::vector<std::string>& path : paths) {
+      std::string flags;
+      for (const std::string& f : path) flags += " " + f;
+      SCOPED_TRACE(name + flags);
+      // 2-D: X [T, C] with x[3, 17] non-finite (--share-prefix needs a batch: --prefill 1 here).
+      const bool shared = path.front() == "--share-prefix";
+      const std::vector<std::string> flags_2d = shared ? std::vector<std::string>{"--prefill", "1"} : path;
+      const auto run_2d = [&](const std::string& input) {
+        std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", input, "--output",
+                                         "y.npy", "--probs", "p.npy", "--n-head", std::to_string(kHeads)};
+        args.insert(args.end(), flags_2d.begin(), flags_2d.end());
+        return cli(args);
+      };
+      RowMatrix<float> bad = x;
+      bad(3, 17) = value;
+      gpt2::npy::write<float>(file("xbad.npy"), bad);
+      EXPECT_SUCCESS(run_2d("x.npy"));
+      const std::string clean_y = read_text(file("y.npy"));
+      const CliResult r = run_2d("xbad.npy");
+      EXPECT_EQ(r.status, 0);
+      EXPECT_EQ(r.out, "");
+      EXPECT_EQ(r.err, "gpt2-attention: warning: input xbad.npy: non-finite value " + name +
+                           " at row 3, column 17 (1 in all): output rows 3 to " + std::to_string(kT - 1) +
+                           " (and their probabilities) are NaN: attention is causal, so every row "
+                           "from 3 on attends to row 3\n");
+      const bool f64 = std::find(path.begin(), path.end(), "f64") != path.end();
+      const RowMatrix<double> y = read_matrix_as_double(file("y.npy"), f64 ? "f64" : "f32", {kT, kC});
+      const RowMatrix<double> p = read_matrix_as_double(file("p.npy"), f64 ? "f64" : "f32", {kHeads, kT, kT});
+      ASSERT_EQ(y.rows(), kT);
+      for (Index t = 0; t < kT; ++t) {
+        EXPECT_EQ(t >= 3, y.row(t).array().isNaN().all()) << "Y row " << t;
+        EXPECT_EQ(t < 3, y.row(t).allFinite()) << "Y row " << t;
+        for (Index h = 0; h < kHeads; ++h)
+          EXPECT_EQ(t >= 3, p.row(h * kT + t).head(t + 1).array().isNaN().all()) << "P head " << h << " row " << t;
+      }
+      // The rows before it are the clean run's (a batch of one sequence: compare the bytes of rows 0-2).
+      const std::string bad_y = read_text(file("y.npy"));
+      const std::size_t header = bad_y.size() - static_cast<std::size_t>(kT * kC) * (f64 ? 8 : 4);
+      EXPECT_EQ(bad_y.substr(0, header + 3 * kC * (f64 ? 8 : 4)), clean_y.substr(0, header + 3 * kC * (f64 ? 8 : 4)));
+
+      // 3-D: sequence 1's row 2 and sequence 2's row 4 (its last real row) non-finite, and
+      // sequence 2's padded row 6 (never read); sequence 0 clean.
+      RowMatrix<float> bad_b = xb;
+      bad_b(1 * kTb + 2, 5) = value;
+      bad_b(2 * kTb + 4, 0) = value;
+      bad_b(2 * kTb + 6, 0) = value;  // padding (length 5): never read, not counted
+      write_batch("xbbad.npy", bad_b);
+      std::vector<std::string> batch_flags = {"--lengths", csv(lengths)};
+      batch_flags.insert(batch_flags.end(), path.begin(), path.end());
+      const CliResult rb = run_batch(batch_flags, "xbbad.npy");
+      EXPECT_EQ(rb.status, 0);
+      EXPECT_EQ(rb.err, "gpt2-attention: warning: input xbbad.npy: non-finite value " + name +
+                            " at x[1, 2, 5] (2 in all, in 2 of 3 sequences): output rows 2 to 6 of "
+                            "sequence 1 (and their probabilities) are NaN, as are every such "
+                            "sequence's rows from its first non-finite one on: attention is causal\n");
+      const RowMatrix<double> yb = read_matrix_as_double(file("yb.npy"), f64 ? "f64" : "f32", {kB, kTb, kC});
+      ASSERT_EQ(yb.rows(), kB * kTb);
+      for (Index t = 0; t < kTb; ++t) {
+        EXPECT_TRUE(yb.row(t).allFinite()) << "sequence 0 row " << t;
+        EXPECT_EQ(t >= 2, yb.row(kTb + t).array().isNaN().all()) << "sequence 1 row " << t;
+        EXPECT_EQ(t == 4, yb.row(2 * kTb + t).array().isNaN().all()) << "sequence 2 row " << t;
+        if (t > 4) {
+          EXPECT_TRUE((yb.row(2 * kTb + t).array() == 0).all()) << "padding";
+        }
+      }
+    }
+  }
+  // A clean input: no warning (EXPECT_SUCCESS checks stderr is empty).
+  EXPECT_SUCCESS(run_batch({}));
+}
+
 // --output may name the --input file of a batch too (X is read in full first); the batched
 // decode reads its step inputs from X, never from Y.
 TEST_F(CliBatchTest, OutputMayBeTheBatchInput) {

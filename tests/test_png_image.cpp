@@ -1,7 +1,8 @@
 // Tests of the CLI's picture writer (examples/cli/png_image.hpp, attention_picture.hpp): the colour
 // map, the font, the PNG encoding (decoded back with stb_image from the same Debian package) and
 // the layout of the attention maps: every pixel of every cell is the colour of the probability it
-// shows, the masked triangle and padding are their greys, the labels are drawn.
+// shows, the masked triangle and padding are their greys, the labels, the title, the axis labels
+// and the colour bar's tick labels are drawn where the layout says.
 #include <stb_image.h>
 
 #include <gtest/gtest.h>
@@ -138,7 +139,42 @@ TEST(PngImage, TextIsDrawnInsideItsBoxAndUnknownCharactersThrow) {
         EXPECT_TRUE(x >= 2 && x < 2 + w && y >= 3 && y < 3 + 14) << x << ", " << y;
       }
   EXPECT_GT(ink, 40);
-  EXPECT_THROW(gpt2::cli::draw_text(image, 0, 0, "h?", 1, gpt2::cli::kBlack), gpt2::Error);
+  EXPECT_THROW(gpt2::cli::draw_text(image, 0, 0, "h\x01", 1, gpt2::cli::kBlack), gpt2::Error);
+  EXPECT_THROW(gpt2::cli::draw_text(image, 0, 0, "\xc3\xa9", 1, gpt2::cli::kBlack), gpt2::Error);
+}
+
+// The font has every printable ASCII character, each glyph distinct; a title goes through
+// printable() (other bytes become '?') and fit_left() (cut on the left, after "...").
+TEST(PngImage, FontCoversPrintableAsciiAndTitlesAreMadeDrawable) {
+  std::vector<std::string> seen;
+  for (char c = ' '; c <= '~'; ++c) {
+    const char* const* rows = gpt2::cli::glyph(c);
+    ASSERT_NE(rows, nullptr) << "'" << c << "'";
+    std::string bits;
+    for (int y = 0; y < gpt2::cli::kGlyphHeight; ++y) {
+      ASSERT_EQ(std::string(rows[y]).size(), std::size_t(gpt2::cli::kGlyphWidth)) << "'" << c << "' row " << y;
+      bits += rows[y];
+    }
+    for (const std::string& other : seen) EXPECT_NE(bits, other) << "'" << c << "' looks like another glyph";
+    seen.push_back(bits);
+  }
+  EXPECT_EQ(gpt2::cli::glyph('\x7f'), nullptr);
+  EXPECT_EQ(gpt2::cli::printable("d/\xc3\xa9t\x01.npy"), "d/??t?.npy");
+  EXPECT_EQ(gpt2::cli::fit_left("abc", 100, 1), "abc");
+  // 24 characters take 24 * 6 - 1 pixels at scale 1; one pixel less leaves room for 23.
+  const std::string title = "/long/path/to/x.npy, layer 0, T = 9";
+  EXPECT_EQ(gpt2::cli::fit_left(title, 24 * 6 - 1, 1), "...x.npy, layer 0, T = 9");
+  EXPECT_EQ(gpt2::cli::fit_left(title, 24 * 6 - 2, 1), "....npy, layer 0, T = 9");
+}
+
+TEST(PngImage, TextDrawnDownIsTheTextTurnedClockwise) {
+  RgbImage across(40, 20, gpt2::cli::kWhite), down(20, 40, gpt2::cli::kWhite);
+  gpt2::cli::draw_text(across, 0, 0, "q->", 1, gpt2::cli::kBlack);
+  gpt2::cli::draw_text_down(down, 0, 0, "q->", 1, gpt2::cli::kBlack);
+  // Pixel (x, y) of the text across is pixel (kGlyphHeight - 1 - y, x) of the text down.
+  for (int y = 0; y < gpt2::cli::kGlyphHeight; ++y)
+    for (int x = 0; x < gpt2::cli::text_width("q->", 1); ++x)
+      EXPECT_EQ(across.at(x, y), down.at(gpt2::cli::kGlyphHeight - 1 - y, x)) << x << ", " << y;
 }
 
 // Checks every pixel of every cell of `image` against the layout and the maps.
@@ -203,6 +239,79 @@ TEST(AttentionPicture, TilesShowTheirProbabilitiesThroughThePng) {
   EXPECT_EQ(back.at(layout.bar_x(), layout.bar_y() + 2), gpt2::cli::viridis(0.0));
   EXPECT_EQ(back.at(layout.bar_x() + gpt2::cli::PictureLayout::kBarWidth - 1, layout.bar_y() + 2),
             gpt2::cli::viridis(1.0));
+}
+
+// The pixels of `text` drawn at (x, y) (scale 2, kInk) on white, against the same rectangle of
+// `image`: true when `image` holds exactly that text there.
+bool shows_text(const RgbImage& image, int x, int y, const std::string& text, bool down = false) {
+  const int s = gpt2::cli::PictureLayout::kFontScale;
+  const int w = down ? gpt2::cli::kGlyphHeight * s : gpt2::cli::text_width(text, s);
+  const int h = down ? gpt2::cli::text_width(text, s) : gpt2::cli::kGlyphHeight * s;
+  RgbImage expected(w, h, gpt2::cli::kWhite);
+  if (down)
+    gpt2::cli::draw_text_down(expected, 0, 0, text, s, gpt2::cli::kInk);
+  else
+    gpt2::cli::draw_text(expected, 0, 0, text, s, gpt2::cli::kInk);
+  for (int yy = 0; yy < h; ++yy)
+    for (int xx = 0; xx < w; ++xx)
+      if (image.at(x + xx, y + yy) != expected.at(xx, yy)) return false;
+  return true;
+}
+
+// The title (the caller's, cut to the width), the axis labels ("query ->" down the left of each
+// sequence's grid, "key ->" below), the colour bar (the colour map evenly, for either scale) and
+// its ticks, labelled with the probability each stands for: the middle is P=0.5 under the linear
+// scale and P=0.25 under the sqrt scale (sqrt(0.25) = 0.5), and the legend says which scale.
+TEST(AttentionPicture, TitleAxisLabelsAndTicksSayWhatTheyShow) {
+  constexpr Index n_head = 4, T = 6;
+  const std::vector<gpt2::cli::Span> spans = {{0, T}, {1, 4}};
+  const RowMatrix<float> probs = random_maps(n_head, T, spans, 9);
+  const gpt2::cli::PictureLayout layout(2, n_head, T, true);
+  const int s = gpt2::cli::PictureLayout::kFontScale, bw = gpt2::cli::PictureLayout::kBarWidth;
+  const int label_y = layout.bar_y() + gpt2::cli::PictureLayout::kBarHeight +
+                      gpt2::cli::PictureLayout::kTickHeight + 2;
+  const std::string title = "x.npy, layer 0, B = 2, T = 6";
+  const RgbImage linear = decode(gpt2::cli::encode_png(gpt2::cli::attention_picture<float>(
+      probs, n_head, T, spans, true, gpt2::cli::ColourScale::linear, title)));
+  const RgbImage sqrt = decode(gpt2::cli::encode_png(gpt2::cli::attention_picture<float>(
+      probs, n_head, T, spans, true, gpt2::cli::ColourScale::sqrt, title)));
+  for (const RgbImage* image : {&linear, &sqrt}) {
+    ASSERT_EQ(image->width(), layout.width());
+    ASSERT_EQ(image->height(), layout.height());
+    EXPECT_TRUE(shows_text(*image, layout.title_x(), layout.title_y(), title));
+    for (Index b = 0; b < 2; ++b)
+      EXPECT_TRUE(shows_text(*image, layout.query_x(), layout.query_y(b), "query ->", true)) << "b " << b;
+    EXPECT_TRUE(shows_text(*image, layout.key_x(), layout.key_y(), "key ->"));
+    for (int k = 0; k < bw; ++k)
+      ASSERT_EQ(image->at(layout.bar_x() + k, layout.bar_y() + 2), gpt2::cli::viridis(k / double(bw - 1))) << k;
+    EXPECT_TRUE(shows_text(*image, layout.bar_x(), label_y, "P=0"));
+    EXPECT_TRUE(shows_text(*image, layout.bar_x() + bw - gpt2::cli::text_width("P=1", s), label_y, "P=1"));
+    for (const int tick : {0, bw / 2, bw - 1})
+      EXPECT_EQ(image->at(layout.bar_x() + tick, layout.bar_y() + gpt2::cli::PictureLayout::kBarHeight + 1),
+                gpt2::cli::kInk) << "tick at " << tick;
+  }
+  const int middle_x = layout.bar_x() + bw / 2;
+  EXPECT_TRUE(shows_text(linear, middle_x - gpt2::cli::text_width("P=0.5", s) / 2, label_y, "P=0.5"));
+  EXPECT_TRUE(shows_text(sqrt, middle_x - gpt2::cli::text_width("P=0.25", s) / 2, label_y, "P=0.25"));
+  // Under the sqrt scale the bar's middle colour is that of a cell holding P = 0.25.
+  // (Column 128 of 256 is 128/255 of the way, a hair past the middle: equal up to a step or two.)
+  const Rgb middle = sqrt.at(middle_x, layout.bar_y() + 2);
+  const Rgb quarter = gpt2::cli::cell_colour(1, 0, {0, 2}, 0.25, gpt2::cli::ColourScale::sqrt);
+  EXPECT_LE(std::abs(middle.r - quarter.r) + std::abs(middle.g - quarter.g) + std::abs(middle.b - quarter.b), 3)
+      << str(middle) << " against " << str(quarter);
+  // The legend names the scale.
+  int scale_ink_linear = 0, scale_ink_sqrt = 0;
+  for (int y = layout.bar_y(); y < layout.bar_y() + gpt2::cli::PictureLayout::kBarHeight; ++y)
+    for (int x = layout.width() - 12 - gpt2::cli::text_width("colour: P (linear)", s); x < layout.width(); ++x) {
+      scale_ink_linear += linear.at(x, y) == gpt2::cli::kInk;
+      scale_ink_sqrt += sqrt.at(x, y) == gpt2::cli::kInk;
+    }
+  EXPECT_GT(scale_ink_linear, 0);
+  EXPECT_NE(scale_ink_linear, scale_ink_sqrt);
+  // No title: nothing drawn there.
+  const RgbImage untitled = gpt2::cli::attention_picture<float>(probs, n_head, T, spans, true);
+  for (int y = layout.title_y(); y < layout.title_y() + gpt2::cli::kGlyphHeight * s; ++y)
+    for (int x = 0; x < layout.width(); ++x) ASSERT_EQ(untitled.at(x, y), gpt2::cli::kWhite) << x << ", " << y;
 }
 
 TEST(AttentionPicture, BatchesStackOneGridPerSequenceWithPaddingGrey) {

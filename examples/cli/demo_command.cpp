@@ -202,11 +202,11 @@ void print_report(std::ostream& out, const DemoReport& r) {
 
 // Writes the maps probs [n_head * T, T] as the picture `path` (all or nothing).
 void write_demo_picture(const std::string& path, const RowMatrix<float>& probs, Index n_head,
-                        ColourScale scale) {
+                        ColourScale scale, const std::string& title) {
   std::vector<unsigned char> png;
   try {
     png = attention_png<float>(probs, n_head, probs.cols(), {Span{0, probs.cols()}},
-                               /*batched=*/false, scale);
+                               /*batched=*/false, scale, title);
   } catch (const Error& e) {
     throw Error(in_context("png", path, e.what()));
   }
@@ -214,9 +214,9 @@ void write_demo_picture(const std::string& path, const RowMatrix<float>& probs, 
 }
 
 // Analyses and times w on x; writes the picture if `png` names one; prints the report.
-void demo_report(std::ostream& out, const std::string& title, const AttentionWeights<float>& w,
-                 const RowMatrix<float>& x, const std::vector<Job>& designed,
-                 const std::string& png, ColourScale png_scale) {
+void demo_report(std::ostream& out, const std::string& title, const std::string& picture_title,
+                 const AttentionWeights<float>& w, const RowMatrix<float>& x,
+                 const std::vector<Job>& designed, const std::string& png, ColourScale png_scale) {
   DemoReport r;
   r.title = title;
   r.config = w.config();
@@ -227,7 +227,7 @@ void demo_report(std::ostream& out, const std::string& title, const AttentionWei
   r.timing = time_forward(w, x);
   r.kernels = kernel_info().level;
   r.weights_dtype = w.weight_dtype();
-  if (!png.empty()) write_demo_picture(png, probs, w.n_head(), png_scale);
+  if (!png.empty()) write_demo_picture(png, probs, w.n_head(), png_scale, picture_title);
   print_report(out, r);
   if (!png.empty()) out << "picture: " << png << "\n";
 }
@@ -256,7 +256,9 @@ void demo_embedded(const DemoOptions& o, std::ostream& out) {
       "gpt2-attention demo: embedded model (C = %td, %td heads of %td), input x_t = sinusoidal "
       "position code, T = %td",
       kDemoEmbd, n_head, kDemoEmbd / n_head, o.tokens);
-  demo_report(out, title, w, demo_input(o.tokens), designed, o.png, o.png_scale);
+  const std::string picture_title =
+      strprintf("embedded model, layer 0, x = position code, T = %td", o.tokens);
+  demo_report(out, title, picture_title, w, demo_input(o.tokens), designed, o.png, o.png_scale);
 }
 
 void demo_checkpoint(const DemoOptions& o, std::ostream& out) {
@@ -273,7 +275,9 @@ void demo_checkpoint(const DemoOptions& o, std::ostream& out) {
       "gpt2-attention demo: %s, layer %d (C = %td, %td heads of %td), input x = ln_1(wpe[:T]), "
       "T = %td",
       o.weights.c_str(), o.layer, w.n_embd(), w.n_head(), w.head_dim(), o.tokens);
-  demo_report(out, title, w, x, {}, o.png, o.png_scale);
+  const std::string picture_title = strprintf("%s, layer %d, x = ln_1(wpe[:T]), T = %td",
+                                              o.weights.c_str(), o.layer, o.tokens);
+  demo_report(out, title, picture_title, w, x, {}, o.png, o.png_scale);
 }
 
 }  // namespace

@@ -120,8 +120,7 @@ inline Rgb viridis(double p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Text: a tiny built-in 5x7 bitmap font: digits, '.', '-', '=', ' ', and the letters the pictures
-// use (a b d e g h i k m n p q r s t T)
+// Text: a tiny built-in 5x7 bitmap font: the printable ASCII characters (' ' to '~')
 // ---------------------------------------------------------------------------------------------
 
 inline constexpr int kGlyphWidth = 5, kGlyphHeight = 7;
@@ -163,6 +162,71 @@ inline const char* const* glyph(char c) {
       {'r', {"     ", "     ", "# ## ", "##  #", "#    ", "#    ", "#    "}},
       {'t', {" #   ", " #   ", "#### ", " #   ", " #   ", " #  #", "  ## "}},
       {'s', {"     ", "     ", " ####", "#    ", " ### ", "    #", "#### "}},
+      {'A', {" ### ", "#   #", "#   #", "#####", "#   #", "#   #", "#   #"}},
+      {'B', {"#### ", "#   #", "#   #", "#### ", "#   #", "#   #", "#### "}},
+      {'C', {" ### ", "#   #", "#    ", "#    ", "#    ", "#   #", " ### "}},
+      {'D', {"#### ", "#   #", "#   #", "#   #", "#   #", "#   #", "#### "}},
+      {'E', {"#####", "#    ", "#    ", "#### ", "#    ", "#    ", "#####"}},
+      {'F', {"#####", "#    ", "#    ", "#### ", "#    ", "#    ", "#    "}},
+      {'G', {" ### ", "#   #", "#    ", "# ###", "#   #", "#   #", " ####"}},
+      {'H', {"#   #", "#   #", "#   #", "#####", "#   #", "#   #", "#   #"}},
+      {'I', {" ### ", "  #  ", "  #  ", "  #  ", "  #  ", "  #  ", " ### "}},
+      {'J', {"  ###", "   # ", "   # ", "   # ", "   # ", "#  # ", " ##  "}},
+      {'K', {"#   #", "#  # ", "# #  ", "##   ", "# #  ", "#  # ", "#   #"}},
+      {'L', {"#    ", "#    ", "#    ", "#    ", "#    ", "#    ", "#####"}},
+      {'M', {"#   #", "## ##", "# # #", "# # #", "#   #", "#   #", "#   #"}},
+      {'N', {"#   #", "#   #", "##  #", "# # #", "#  ##", "#   #", "#   #"}},
+      {'O', {" ### ", "#   #", "#   #", "#   #", "#   #", "#   #", " ### "}},
+      {'P', {"#### ", "#   #", "#   #", "#### ", "#    ", "#    ", "#    "}},
+      {'Q', {" ### ", "#   #", "#   #", "#   #", "# # #", "#  # ", " ## #"}},
+      {'R', {"#### ", "#   #", "#   #", "#### ", "# #  ", "#  # ", "#   #"}},
+      {'S', {" ####", "#    ", "#    ", " ### ", "    #", "    #", "#### "}},
+      {'U', {"#   #", "#   #", "#   #", "#   #", "#   #", "#   #", " ### "}},
+      {'V', {"#   #", "#   #", "#   #", "#   #", "#   #", " # # ", "  #  "}},
+      {'W', {"#   #", "#   #", "#   #", "# # #", "# # #", "# # #", " # # "}},
+      {'X', {"#   #", "#   #", " # # ", "  #  ", " # # ", "#   #", "#   #"}},
+      {'Y', {"#   #", "#   #", " # # ", "  #  ", "  #  ", "  #  ", "  #  "}},
+      {'Z', {"#####", "    #", "   # ", "  #  ", " #   ", "#    ", "#####"}},
+      {'c', {"     ", "     ", " ### ", "#    ", "#    ", "#   #", " ### "}},
+      {'f', {"  ## ", " #  #", " #   ", "###  ", " #   ", " #   ", " #   "}},
+      {'j', {"   # ", "     ", "  ## ", "   # ", "   # ", "#  # ", " ##  "}},
+      {'l', {" ##  ", "  #  ", "  #  ", "  #  ", "  #  ", "  #  ", " ### "}},
+      {'o', {"     ", "     ", " ### ", "#   #", "#   #", "#   #", " ### "}},
+      {'u', {"     ", "     ", "#   #", "#   #", "#   #", "#  ##", " ## #"}},
+      {'v', {"     ", "     ", "#   #", "#   #", "#   #", " # # ", "  #  "}},
+      {'w', {"     ", "     ", "#   #", "#   #", "# # #", "# # #", " # # "}},
+      {'x', {"     ", "     ", "#   #", " # # ", "  #  ", " # # ", "#   #"}},
+      {'y', {"     ", "     ", "#   #", "#   #", " ####", "    #", " ### "}},
+      {'z', {"     ", "     ", "#####", "   # ", "  #  ", " #   ", "#####"}},
+      {'!', {"  #  ", "  #  ", "  #  ", "  #  ", "  #  ", "     ", "  #  "}},
+      {'"', {" # # ", " # # ", "     ", "     ", "     ", "     ", "     "}},
+      {'#', {" # # ", " # # ", "#####", " # # ", "#####", " # # ", " # # "}},
+      {'$', {"  #  ", " ####", "# #  ", " ### ", "  # #", "#### ", "  #  "}},
+      {'%', {"##   ", "##  #", "   # ", "  #  ", " #   ", "#  ##", "   ##"}},
+      {'&', {" ##  ", "#  # ", "# #  ", " #   ", "# # #", "#  # ", " ## #"}},
+      {'\'', {"  #  ", "  #  ", "     ", "     ", "     ", "     ", "     "}},
+      {'(', {"   # ", "  #  ", " #   ", " #   ", " #   ", "  #  ", "   # "}},
+      {')', {" #   ", "  #  ", "   # ", "   # ", "   # ", "  #  ", " #   "}},
+      {'*', {"     ", "  #  ", "# # #", " ### ", "# # #", "  #  ", "     "}},
+      {'+', {"     ", "  #  ", "  #  ", "#####", "  #  ", "  #  ", "     "}},
+      {',', {"     ", "     ", "     ", "     ", " ##  ", "  #  ", " #   "}},
+      {'/', {"     ", "    #", "   # ", "  #  ", " #   ", "#    ", "     "}},
+      {':', {"     ", " ##  ", " ##  ", "     ", " ##  ", " ##  ", "     "}},
+      {';', {"     ", " ##  ", " ##  ", "     ", " ##  ", "  #  ", " #   "}},
+      {'<', {"   # ", "  #  ", " #   ", "#    ", " #   ", "  #  ", "   # "}},
+      {'>', {" #   ", "  #  ", "   # ", "    #", "   # ", "  #  ", " #   "}},
+      {'?', {" ### ", "#   #", "    #", "   # ", "  #  ", "     ", "  #  "}},
+      {'@', {" ### ", "#   #", "# ###", "# # #", "# ###", "#    ", " ####"}},
+      {'[', {" ### ", " #   ", " #   ", " #   ", " #   ", " #   ", " ### "}},
+      {'\\', {"     ", "#    ", " #   ", "  #  ", "   # ", "    #", "     "}},
+      {']', {" ### ", "   # ", "   # ", "   # ", "   # ", "   # ", " ### "}},
+      {'^', {"  #  ", " # # ", "#   #", "     ", "     ", "     ", "     "}},
+      {'_', {"     ", "     ", "     ", "     ", "     ", "     ", "#####"}},
+      {'`', {" #   ", "  #  ", "     ", "     ", "     ", "     ", "     "}},
+      {'{', {"   # ", "  #  ", "  #  ", " #   ", "  #  ", "  #  ", "   # "}},
+      {'|', {"  #  ", "  #  ", "  #  ", "  #  ", "  #  ", "  #  ", "  #  "}},
+      {'}', {" #   ", "  #  ", "  #  ", "   # ", "  #  ", "  #  ", " #   "}},
+      {'~', {"     ", "     ", " #   ", "# # #", "   # ", "     ", "     "}},
   };
   for (const Glyph& g : glyphs)
     if (g.c == c) return g.rows;
@@ -175,7 +239,8 @@ inline int text_width(const std::string& text, int scale) {
 }
 
 // Draws `text` with its top-left corner at (x, y), each font pixel a scale x scale square.
-// Throws gpt2::Error for a character the font lacks (a bug in the caller, not in the data).
+// Throws gpt2::Error for a character the font lacks (a bug in the caller, not in the data: text
+// from the user goes through printable() first).
 inline void draw_text(RgbImage& image, int x, int y, const std::string& text, int scale, Rgb ink) {
   for (const char c : text) {
     const char* const* rows = glyph(c);
@@ -185,6 +250,38 @@ inline void draw_text(RgbImage& image, int x, int y, const std::string& text, in
         if (rows[gy][gx] == '#') image.fill_rect(x + gx * scale, y + gy * scale, scale, scale, ink);
     x += (kGlyphWidth + 1) * scale;
   }
+}
+
+// Draws `text` turned a quarter turn clockwise, reading top to bottom (an axis label down the
+// side): its top-right corner at (x + kGlyphHeight * scale - 1, y); it is kGlyphHeight * scale
+// pixels wide and text_width(text, scale) tall. Throws as draw_text.
+inline void draw_text_down(RgbImage& image, int x, int y, const std::string& text, int scale, Rgb ink) {
+  for (const char c : text) {
+    const char* const* rows = glyph(c);
+    if (rows == nullptr) throw Error(std::string("png: the built-in font has no glyph for '") + c + "'");
+    for (int gy = 0; gy < kGlyphHeight; ++gy)
+      for (int gx = 0; gx < kGlyphWidth; ++gx)
+        if (rows[gy][gx] == '#')
+          image.fill_rect(x + (kGlyphHeight - 1 - gy) * scale, y + gx * scale, scale, scale, ink);
+    y += (kGlyphWidth + 1) * scale;
+  }
+}
+
+// `text` with every byte the font lacks (control characters, and the bytes of UTF-8 beyond ASCII)
+// replaced by '?': a file name as the font can draw it.
+inline std::string printable(std::string text) {
+  for (char& c : text)
+    if (glyph(c) == nullptr) c = '?';
+  return text;
+}
+
+// `text` cut to at most `width` pixels at `scale`: the last characters that fit, after "...";
+// unchanged when it fits.
+inline std::string fit_left(const std::string& text, int width, int scale) {
+  if (text_width(text, scale) <= width) return text;
+  std::string tail = text;
+  while (!tail.empty() && text_width("..." + tail, scale) > width) tail.erase(0, 1);
+  return tail.empty() ? std::string() : "..." + tail;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@ struct RunResult {
                                                      // [B, n_head, T, T]
   std::vector<Span> spans;  // with --png: each sequence's real tokens (0 .. T-1 for a 2-D input)
   bool batched = false;     // a 3-D input
+  std::string warning;      // non_finite_warning (run_input.hpp): printed once the files are written
 };
 
 // Computes everything `o` asks for with sublayer w on the input that was read, in precision T,
@@ -66,8 +68,17 @@ RunResult<T> compute_run(const RunOptions& o) {
   const std::optional<BatchLayout> layout = input_layout(input.shape, o.starts, o.lengths);
   if (o.share_prefix) check_share_prefix_shape(input.shape, *o.share_prefix);
   RunResult<T> r;
+  r.warning = non_finite_warning(o.input, input, layout);
   compute_with<T>(o, w, input, layout, r);
   return r;
+}
+
+// The title of run's picture: "X.npy, layer 0, T = 9", or "X.npy, layer 0, B = 3, T = 6".
+template <class T>
+std::string picture_title(const RunOptions& o, const RunResult<T>& r) {
+  return o.input + ", layer " + std::to_string(o.layer) +
+         (r.batched ? ", B = " + std::to_string(r.probs_shape[0]) : std::string()) +
+         ", T = " + std::to_string(r.probs_shape.back());
 }
 
 // Writes Y (and the probabilities) as .npy files of T's dtype and the picture as a PNG, all or
@@ -78,7 +89,7 @@ void write_run_result(const RunOptions& o, const RunResult<T>& r) {
   if (!o.png.empty()) {
     try {
       png = attention_png<T>(r.probs, r.probs_shape[r.batched ? 1 : 0], r.probs_shape.back(),
-                             r.spans, r.batched, o.png_scale);
+                             r.spans, r.batched, o.png_scale, picture_title(o, r));
     } catch (const Error& e) {
       throw Error(in_context("png", o.png, e.what()));
     }
@@ -96,10 +107,18 @@ void write_run_result(const RunOptions& o, const RunResult<T>& r) {
   write_all_or_nothing(files);
 }
 
+// Prints r.warning, if any, as one line on stderr: "gpt2-attention: warning: ...". After the files
+// are written, so that a run that fails prints its error alone.
+template <class T>
+void print_warning(const RunResult<T>& r) {
+  if (!r.warning.empty()) std::cerr << "gpt2-attention: warning: " << one_line(r.warning) << std::endl;
+}
+
 template <class T>
 void run_in_precision(const RunOptions& o) {
   const RunResult<T> result = compute_run<T>(o);
   write_run_result<T>(o, result);
+  print_warning(result);
 }
 
 }  // namespace gpt2::cli

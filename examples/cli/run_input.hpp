@@ -7,6 +7,7 @@
 //                 (default starts 0; default lengths T - starts[b]: every row real)
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -122,6 +123,58 @@ inline std::optional<BatchLayout> input_layout(const std::vector<std::int64_t>& 
     l[b] = lengths ? static_cast<Index>((*lengths)[b]) : T_ - s[b];
   }
   return BatchLayout(T_, std::move(s), std::move(l));
+}
+
+// The warning run prints on stderr (exit status still 0) when a real row of X holds a NaN or an
+// infinity; "" when none does. Attention is causal, so such a value makes its row's q, k and v
+// NaN and, through the scores, every output row (and probability row) of its sequence from there
+// on; the rows before it are untouched. That is what every path computes (plain, --prefill, the
+// KV caches, batches, --share-prefix, every kernel level, f32, f64 and bf16; infinities give NaN
+// as NaN does). Padded rows of a batch are never read and are not looked at.
+//   X [T, C]:    "input X.npy: non-finite value nan at row 3, column 17 (1 in all): output rows
+//                 3 to 7 (and their probabilities) are NaN: attention is causal, so every row from
+//                 3 on attends to row 3"
+//   X [B, T, C]: "... at x[1, 3, 17] (2 in all, in 2 of 3 sequences): output rows 3 to 7 of
+//                 sequence 1 (and their probabilities) are NaN, as are every such sequence's rows
+//                 from its first non-finite one on: attention is causal"
+template <class T>
+std::string non_finite_warning(const std::string& path, const RunInput<T>& input,
+                               const std::optional<BatchLayout>& layout) {
+  const auto name = [](T v) -> std::string {
+    return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+  };
+  const Index B = input.batch(), T_ = input.tokens(), C = input.x.cols();
+  if (input.x.rows() == 0) return "";
+  long long count = 0, sequences = 0;
+  Index first_b = -1, first_t = 0, first_c = 0, first_end = 0;
+  for (Index b = 0; b < B; ++b) {
+    const Index start = layout ? layout->start(b) : 0, end = start + (layout ? layout->length(b) : T_);
+    bool seen = false;
+    for (Index t = start; t < end; ++t)
+      for (Index c = 0; c < C; ++c) {
+        const T v = input.x(b * T_ + t, c);
+        if (std::isfinite(v)) continue;
+        ++count;
+        if (!seen) ++sequences;
+        seen = true;
+        if (first_b < 0) first_b = b, first_t = t, first_c = c, first_end = end;
+      }
+  }
+  if (count == 0) return "";
+  const T v = input.x(first_b * T_ + first_t, first_c);
+  const std::string t = std::to_string(first_t);
+  const std::string rows = first_end - 1 == first_t ? "row " + t
+                                                    : "rows " + t + " to " + std::to_string(first_end - 1);
+  if (!input.batched())
+    return "input " + path + ": non-finite value " + name(v) + " at row " + t + ", column " +
+           std::to_string(first_c) + " (" + std::to_string(count) +
+           " in all): output " + rows + " (and their probabilities) are NaN: attention is causal, "
+           "so every row from " + t + " on attends to row " + t;
+  return "input " + path + ": non-finite value " + name(v) + " at x[" + std::to_string(first_b) +
+         ", " + t + ", " + std::to_string(first_c) + "] (" + std::to_string(count) + " in all, in " +
+         std::to_string(sequences) + " of " + std::to_string(B) + " sequences): output " + rows +
+         " of sequence " + std::to_string(first_b) + " (and their probabilities) are NaN, as are "
+         "every such sequence's rows from its first non-finite one on: attention is causal";
 }
 
 }  // namespace gpt2::cli

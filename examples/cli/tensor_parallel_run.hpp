@@ -99,6 +99,10 @@ void run_tensor_parallel_in(const RunOptions& o, const MpiSession& mpi) {
   mpi.agree([&] {
     if (root) write_run_result<T>(o, r);
   });
+  if (root) {  // a NaN or infinity in X: rank 0 says it, once
+    r.warning = non_finite_warning(o.input, *input, layout);
+    print_warning(r);
+  }
 }
 
 int run_tensor_parallel(const RunOptions& o) {
