@@ -18,8 +18,7 @@ start=$SECONDS
   scripts/install-deps.sh
   say "configuring build/release (cmake --preset release)"
   cmake --preset release
-  say "building gpt2-attention with $jobs jobs (GPT2_JOBS); [n/m] is step n of m, " \
-      "the first build takes about a minute on 2 cores"
+  say "building gpt2-attention with $jobs jobs (GPT2_JOBS); [n/m] is step n of m"
   NINJA_STATUS=${NINJA_STATUS:-"[%f/%t %es] "} \
     cmake --build --preset release --target gpt2-attention --parallel "$jobs"
 ) >&2
