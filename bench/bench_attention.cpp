@@ -45,6 +45,7 @@
 #include "baseline.hpp"
 #include "gpt2_small_layer.hpp"
 #include "gpt2/attention.hpp"
+#include "gpt2/paged_kv_cache.hpp"
 
 namespace {
 

@@ -1,53 +1,74 @@
 # Install rules for gpt2_attention (included when GPT2_ATTENTION_INSTALL is ON).
 #
-# Layout under the prefix:
-#   include/gpt2/*.hpp                                   headers (core and io)
-#   share/cmake/gpt2_attention/gpt2_attentionConfig.cmake   find_package(gpt2_attention CONFIG)
-#   share/cmake/gpt2_attention/gpt2_attentionTargets.cmake  gpt2::attention
-#   share/cmake/gpt2_attention/gpt2_attention_ioTargets.cmake gpt2::io (when built)
-#   share/cmake/gpt2_attention/gpt2_attention_mpiTargets.cmake gpt2::mpi (when built)
-#   share/pkgconfig/gpt2-attention.pc                    pkg-config: headers, Eigen, OpenMP flags
-#   share/pkgconfig/gpt2-attention-io.pc                 pkg-config: + nlohmann_json (when built)
+# Layout under the prefix (LIBDIR: lib, or lib/<multiarch> on Debian):
+#   include/gpt2/*.hpp                                   headers (core, io, mpi)
+#   LIBDIR/libgpt2_attention.a, libgpt2_attention_io.a   the compiled mode's libraries
+#   LIBDIR/cmake/gpt2_attention/gpt2_attentionConfig.cmake   find_package(gpt2_attention CONFIG)
+#   LIBDIR/cmake/gpt2_attention/gpt2_attentionTargets.cmake  gpt2::attention, gpt2::attention_header_only
+#   LIBDIR/cmake/gpt2_attention/gpt2_attention_ioTargets.cmake gpt2::io, gpt2::io_header_only (when built)
+#   LIBDIR/cmake/gpt2_attention/gpt2_attention_mpiTargets.cmake gpt2::mpi (when built)
+#   LIBDIR/pkgconfig/gpt2-attention.pc                   pkg-config: the compiled mode (headers, library)
+#   LIBDIR/pkgconfig/gpt2-attention-header-only.pc       pkg-config: the headers alone
+#   LIBDIR/pkgconfig/gpt2-attention-io.pc, gpt2-attention-io-header-only.pc   the io component
 #   share/doc/gpt2_attention/LICENSE
 #   bin/gpt2-attention                                   the CLI (when examples are built)
+# With GPT2_ATTENTION_HEADER_ONLY=ON nothing is compiled: the package is then architecture-independent
+# and goes under share/ (share/cmake/gpt2_attention, share/pkgconfig), without the .a files.
 #
-# Components: gpt2_attention_Development (headers, CMake package, pkg-config files),
-# gpt2_attention_Runtime (CLI). The package is header-only, hence ARCH_INDEPENDENT and installed
-# under the data directory.
+# Components: gpt2_attention_Development (headers, libraries, CMake package, pkg-config files),
+# gpt2_attention_Runtime (CLI).
 
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(GPT2_ATTENTION_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/cmake/gpt2_attention"
+if(GPT2_ATTENTION_HEADER_ONLY)
+  set(_gpt2_package_root "${CMAKE_INSTALL_DATADIR}")
+else()
+  set(_gpt2_package_root "${CMAKE_INSTALL_LIBDIR}")
+endif()
+set(GPT2_ATTENTION_INSTALL_CMAKEDIR "${_gpt2_package_root}/cmake/gpt2_attention"
   CACHE STRING "Where gpt2_attentionConfig.cmake is installed, relative to the prefix")
-set(GPT2_ATTENTION_INSTALL_PKGCONFIGDIR "${CMAKE_INSTALL_DATADIR}/pkgconfig"
+set(GPT2_ATTENTION_INSTALL_PKGCONFIGDIR "${_gpt2_package_root}/pkgconfig"
   CACHE STRING "Where gpt2-attention.pc is installed, relative to the prefix")
 mark_as_advanced(GPT2_ATTENTION_INSTALL_CMAKEDIR GPT2_ATTENTION_INSTALL_PKGCONFIGDIR)
 
-# The CLI is installed only once it is built: `cmake --install` straight after configuring would
-# otherwise stop on a missing file half-way through. This check runs first (before anything is
-# copied) and says what to build; `--component gpt2_attention_Development` needs no build.
-if(TARGET gpt2-attention)
-  set(_gpt2_cli_check [=[
-if(NOT EXISTS "@_gpt2_cli@")
-  message(FATAL_ERROR "gpt2_attention: the gpt2-attention CLI is not built yet; nothing was installed.\n"
-    "  Build it first:  cmake --build @PROJECT_BINARY_DIR@ --target gpt2-attention\n"
-    "  (or everything:  cmake --build @PROJECT_BINARY_DIR@)\n"
-    "  or install only the headers, CMake package and pkg-config files, which need no build:\n"
-    "  cmake --install @PROJECT_BINARY_DIR@ --component gpt2_attention_Development")
+# What `cmake --install` needs built first: the CLI (when examples are built) and the compiled
+# libraries. The check runs before anything is copied and says what to build; a half-installed
+# prefix is never left behind.
+set(_gpt2_built_targets "")
+foreach(_t gpt2_attention gpt2_attention_io gpt2-attention)
+  if(TARGET ${_t})
+    get_target_property(_type ${_t} TYPE)
+    if(NOT _type STREQUAL "INTERFACE_LIBRARY")
+      list(APPEND _gpt2_built_targets ${_t})
+    endif()
+  endif()
+endforeach()
+foreach(_t IN LISTS _gpt2_built_targets)
+  set(_gpt2_file "$<TARGET_FILE:${_t}>")
+  set(_gpt2_check [=[
+if(NOT EXISTS "@_gpt2_file@")
+  message(FATAL_ERROR "gpt2_attention is not built yet; nothing was installed (@_t@ is missing).\n"
+    "  Build first:  cmake --build @PROJECT_BINARY_DIR@\n"
+    "  (the library alone, for --component gpt2_attention_Development:\n"
+    "   cmake --build @PROJECT_BINARY_DIR@ --target gpt2_attention gpt2_attention_io)")
 endif()
 ]=])
-  set(_gpt2_cli "$<TARGET_FILE:gpt2-attention>")
-  string(CONFIGURE "${_gpt2_cli_check}" _gpt2_cli_check @ONLY)
-  install(CODE "${_gpt2_cli_check}" COMPONENT gpt2_attention_Runtime)
-  unset(_gpt2_cli)
-  unset(_gpt2_cli_check)
-endif()
+  string(CONFIGURE "${_gpt2_check}" _gpt2_check @ONLY)
+  if(_t STREQUAL "gpt2-attention")
+    set(_component gpt2_attention_Runtime)
+  else()
+    set(_component gpt2_attention_Development)
+  endif()
+  install(CODE "${_gpt2_check}" COMPONENT ${_component})
+endforeach()
+unset(_gpt2_file)
+unset(_gpt2_check)
 
-install(TARGETS gpt2_attention
+install(TARGETS gpt2_attention gpt2_attention_header_only
   EXPORT gpt2_attentionTargets
-  FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
-  COMPONENT gpt2_attention_Development)
+  ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT gpt2_attention_Development
+  FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT gpt2_attention_Development)
 install(EXPORT gpt2_attentionTargets
   NAMESPACE gpt2::
   DESTINATION "${GPT2_ATTENTION_INSTALL_CMAKEDIR}"
@@ -56,10 +77,10 @@ install(EXPORT gpt2_attentionTargets
 # The io component has its own export set: its targets file is loaded only when a consumer asks
 # for COMPONENTS io, so nlohmann_json is never a dependency of the core.
 if(TARGET gpt2_attention_io)
-  install(TARGETS gpt2_attention_io
+  install(TARGETS gpt2_attention_io gpt2_attention_io_header_only
     EXPORT gpt2_attention_ioTargets
-    FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
-    COMPONENT gpt2_attention_Development)
+    ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT gpt2_attention_Development
+    FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT gpt2_attention_Development)
   install(EXPORT gpt2_attention_ioTargets
     NAMESPACE gpt2::
     DESTINATION "${GPT2_ATTENTION_INSTALL_CMAKEDIR}"
@@ -90,10 +111,15 @@ if(PROJECT_VERSION_MAJOR EQUAL 0)
 else()
   set(_gpt2_compatibility SameMajorVersion)
 endif()
+if(GPT2_ATTENTION_HEADER_ONLY)
+  set(_gpt2_arch ARCH_INDEPENDENT)
+else()
+  set(_gpt2_arch "")  # the libraries: a 32-bit consumer must not take a 64-bit package
+endif()
 write_basic_package_version_file(
   "${PROJECT_BINARY_DIR}/gpt2_attentionConfigVersion.cmake"
   COMPATIBILITY ${_gpt2_compatibility}
-  ARCH_INDEPENDENT)
+  ${_gpt2_arch})
 install(FILES
   "${PROJECT_BINARY_DIR}/gpt2_attentionConfig.cmake"
   "${PROJECT_BINARY_DIR}/gpt2_attentionConfigVersion.cmake"
@@ -112,18 +138,29 @@ if(GPT2_ATTENTION_OPENMP)
   # The compiler's own flag (-fopenmp for g++; -fopenmp=libomp for clang), at compile and link.
   set(GPT2_PC_OPENMP_FLAGS " ${OpenMP_CXX_FLAGS}")
 endif()
-configure_file("${CMAKE_CURRENT_LIST_DIR}/gpt2-attention.pc.in"
-  "${PROJECT_BINARY_DIR}/gpt2-attention.pc" @ONLY)
-install(FILES "${PROJECT_BINARY_DIR}/gpt2-attention.pc"
-  DESTINATION "${GPT2_ATTENTION_INSTALL_PKGCONFIGDIR}"
-  COMPONENT gpt2_attention_Development)
+# gpt2-attention and gpt2-attention-io: the compiled mode (the header-only files' content when
+# the installation is header-only); the -header-only files: the headers alone.
+set(_gpt2_pc_files gpt2-attention gpt2-attention-header-only)
 if(TARGET gpt2_attention_io)
-  configure_file("${CMAKE_CURRENT_LIST_DIR}/gpt2-attention-io.pc.in"
-    "${PROJECT_BINARY_DIR}/gpt2-attention-io.pc" @ONLY)
-  install(FILES "${PROJECT_BINARY_DIR}/gpt2-attention-io.pc"
+  list(APPEND _gpt2_pc_files gpt2-attention-io gpt2-attention-io-header-only)
+endif()
+foreach(_pc IN LISTS _gpt2_pc_files)
+  set(_template "${_pc}")
+  if(GPT2_ATTENTION_HEADER_ONLY AND NOT _pc MATCHES "header-only$")
+    set(_template "${_pc}-header-only")
+  endif()
+  configure_file("${CMAKE_CURRENT_LIST_DIR}/${_template}.pc.in" "${PROJECT_BINARY_DIR}/${_pc}.pc.tmp" @ONLY)
+  if(NOT _template STREQUAL _pc)  # the header-only content under the plain name
+    file(READ "${PROJECT_BINARY_DIR}/${_pc}.pc.tmp" _content)
+    string(REPLACE "Name: ${_template}" "Name: ${_pc}" _content "${_content}")
+    string(REPLACE "gpt2-attention-header-only = " "gpt2-attention = " _content "${_content}")
+    file(WRITE "${PROJECT_BINARY_DIR}/${_pc}.pc.tmp" "${_content}")
+  endif()
+  configure_file("${PROJECT_BINARY_DIR}/${_pc}.pc.tmp" "${PROJECT_BINARY_DIR}/${_pc}.pc" COPYONLY)
+  install(FILES "${PROJECT_BINARY_DIR}/${_pc}.pc"
     DESTINATION "${GPT2_ATTENTION_INSTALL_PKGCONFIGDIR}"
     COMPONENT gpt2_attention_Development)
-endif()
+endforeach()
 
 if(EXISTS "${PROJECT_SOURCE_DIR}/LICENSE")
   install(FILES "${PROJECT_SOURCE_DIR}/LICENSE"

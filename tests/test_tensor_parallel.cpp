@@ -13,6 +13,8 @@
 //     Eigen heap allocation (EIGEN_RUNTIME_NO_MALLOC: one would fail Eigen's assertion) and no
 //     operator new (counted); MPI's own C allocations are not ours to count
 #define EIGEN_RUNTIME_NO_MALLOC
+// This file compiles its own forwards (detail/compiled_mode.hpp), so that the check above sees them.
+#define GPT2_ATTENTION_NO_EXTERN_FORWARDS
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "gpt2/attention.hpp"
+#include "gpt2/paged_kv_cache.hpp"
 #include "gpt2/tensor_parallel.hpp"
 #include "support/accuracy.hpp"
 #include "support/compare.hpp"

@@ -1,12 +1,9 @@
-// The kernels of every vector level, compiled once for the whole CLI (cli_kernels.hpp); nothing
-// when the build links them from elsewhere.
+// The library's compiled part (gpt2/compiled.hpp), compiled once for the whole CLI when
+// gpt2::attention is header-only (GPT2_ATTENTION_HEADER_ONLY; cli_kernels.hpp); empty when the CLI
+// links the compiled library, as it does by default.
 #include "cli_kernels.hpp"
 
 #if GPT2_CLI_COMPILES_KERNELS
 #define GPT2_ATTENTION_KERNELS_IMPLEMENTATION
-#if __has_include("gpt2/compiled.hpp")
-#include "gpt2/compiled.hpp"  // the kernels and, where the headers declare them extern, the forwards
-#else
-#include "gpt2/kernels/dispatch.hpp"
-#endif
+#include "gpt2/compiled.hpp"
 #endif

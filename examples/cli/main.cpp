@@ -67,7 +67,7 @@ int dispatch(const std::vector<std::string>& args) {
     const gpt2::KernelInfo info = gpt2::kernel_info();  // a bad GPT2_ATTENTION_ISA: ConfigError, exit 1
     std::cout << "gpt2-attention " << gpt2::version_major << "." << gpt2::version_minor << "."
               << gpt2::version_patch
-              << " (kernels: " << info.level << "; cpu: " << info.cpu << ")\n";
+              << " (kernels: " << info.summary() << ")\n";
     return 0;
   }
   if (command != "run" && command != "demo") {
@@ -81,6 +81,9 @@ int dispatch(const std::vector<std::string>& args) {
     std::cout << usage_text();
     return 0;
   }
+  // A header-only build without optimisation runs tens of times slower: say so, once, on stderr.
+  if (!gpt2::kernels::built_optimized())
+    std::cerr << "gpt2-attention: warning: " << gpt2::KernelInfo::unoptimized_warning() << std::endl;
   return command == "run" ? run_command(flags) : demo_command(flags, std::cout);
 }
 

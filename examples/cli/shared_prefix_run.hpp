@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "gpt2/attention.hpp"
+#include "gpt2/paged_kv_cache.hpp"
 #include "sublayer.hpp"
 
 namespace gpt2::cli {

@@ -1,5 +1,7 @@
-// gpt2-attention: GPT-2's multi-head causal self-attention sublayer, header-only, on Eigen 3.4.
-// The front door: include this header for the whole core (needs Eigen only).
+// gpt2-attention: GPT-2's multi-head causal self-attention sublayer on Eigen 3.4.
+// The front door: the forwards, contiguous KV caches and batches (needs Eigen only). In the
+// compiled mode (the CMake target gpt2::attention; docs/building.md) it declares what the library
+// compiled; header-only, it compiles what the file uses.
 //
 //   qkv    = x @ c_attn.weight + c_attn.bias             [T, C] @ [C, 3C]   qkv.hpp
 //   q|k|v  = three contiguous C-blocks of qkv; head h at h*head_dim within each   qkv.hpp
@@ -10,13 +12,13 @@
 //   AttentionWeights, pack_weights (float32 or bf16 copies)                 weights.hpp
 //   attention_forward(w, x, ws, out) / (w, x, cache, ws, out): one sequence sublayer.hpp
 //   KVCache<float|double|bfloat16>: the cache concept and contiguous caches kv_cache.hpp
-//   KVBlockPool + PagedSequence: paged caches, forks share a prompt       paged_kv_cache.hpp
 //   BatchLayout + attention_forward(w, x, batch, [caches,] ws, out)         batch.hpp
 //   Workspace: the scratch of the forwards, sized once                      workspace.hpp
 //   set_num_threads / num_threads: threads of the forwards                  threads.hpp
 //   kernel_info / set_isa: the kernel level, chosen at run time             kernels/dispatch.hpp
-// Beside it: tensor_parallel.hpp (heads over MPI ranks; gpt2::mpi), safetensors.hpp and npy.hpp
-// (gpt2::io), layer_norm.hpp.
+// Beside it, included where used: paged_kv_cache.hpp (KVBlockPool + PagedSequence: paged caches,
+// forks share a prompt), tensor_parallel.hpp (heads over MPI ranks; gpt2::mpi), safetensors.hpp
+// and npy.hpp (gpt2::io).
 #pragma once
 
 #include "gpt2/batch.hpp"
@@ -27,7 +29,6 @@
 #include "gpt2/kernels/dispatch.hpp"
 #include "gpt2/kv_cache.hpp"
 #include "gpt2/layer_norm.hpp"
-#include "gpt2/paged_kv_cache.hpp"
 #include "gpt2/projection.hpp"
 #include "gpt2/qkv.hpp"
 #include "gpt2/sublayer.hpp"

@@ -55,8 +55,10 @@
 
 #include "gpt2/config.hpp"
 #include "gpt2/detail/aligned_matrix.hpp"
+#include "gpt2/detail/compiled_mode.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/kv_cache.hpp"
+#include "gpt2/sublayer.hpp"
 #include "gpt2/types.hpp"
 
 namespace gpt2 {
@@ -631,5 +633,15 @@ class PagedLayer {
   PagedSequence<S>* seq_;
   Index layer_, pending_;
 };
+
+// The compiled mode's forwards over paged caches (detail/compiled_mode.hpp), as sublayer.hpp's.
+#if GPT2_ATTENTION_EXTERN_FORWARDS
+GPT2_ATTENTION_FORWARD(float, PagedSequence<float>)
+GPT2_ATTENTION_FORWARD(float, PagedSequence<bfloat16>)
+GPT2_ATTENTION_FORWARD(float, PagedLayer<float>)
+GPT2_ATTENTION_FORWARD(float, PagedLayer<bfloat16>)
+GPT2_ATTENTION_FORWARD(double, PagedSequence<double>)
+GPT2_ATTENTION_FORWARD(double, PagedLayer<double>)
+#endif
 
 }  // namespace gpt2

@@ -15,9 +15,11 @@
 #include <type_traits>
 #include <utility>
 
+#include "gpt2/detail/compiled_mode.hpp"
 #include "gpt2/detail/pipeline.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/kernels/levels.hpp"
+#include "gpt2/kv_cache.hpp"
 #include "gpt2/types.hpp"
 #include "gpt2/weights.hpp"
 #include "gpt2/workspace.hpp"
@@ -129,5 +131,15 @@ RowMatrix<T> attention(const AttentionWeights<T>& w, const Eigen::MatrixBase<Der
   attention_forward<T>(w, x_eval, ws, out, probs);
   return out;
 }
+
+// The compiled mode's float and double forwards over the contiguous caches (detail/compiled_mode.hpp;
+// paged_kv_cache.hpp declares the paged ones): compiled once in the library, not in every file.
+#if GPT2_ATTENTION_EXTERN_FORWARDS
+GPT2_ATTENTION_FORWARD(float, detail::NoCache)
+GPT2_ATTENTION_FORWARD(float, KVCache<float>)
+GPT2_ATTENTION_FORWARD(float, KVCache<bfloat16>)
+GPT2_ATTENTION_FORWARD(double, detail::NoCache)
+GPT2_ATTENTION_FORWARD(double, KVCache<double>)
+#endif
 
 }  // namespace gpt2

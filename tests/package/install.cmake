@@ -1,9 +1,10 @@
 # ctest fixture package_install: installs the library (component gpt2_attention_Development:
-# headers + CMake package; not the CLI, which needs not be built for the package tests) into a
-# clean scratch prefix.
-#   cmake -DBUILD_DIR=<build tree> -DPREFIX=<scratch prefix> [-DCONFIG=<config>] -P install.cmake
+# headers, the compiled libraries, CMake package, pkg-config files; not the CLI) into a clean
+# scratch prefix.
+#   cmake -DBUILD_DIR=<build tree> -DPREFIX=<scratch prefix> -DCMAKEDIR=<config dir, relative>
+#         [-DCONFIG=<config>] -P install.cmake
 cmake_minimum_required(VERSION 3.24)
-foreach(_var BUILD_DIR PREFIX)
+foreach(_var BUILD_DIR PREFIX CMAKEDIR)
   if(NOT ${_var})
     message(FATAL_ERROR "install.cmake: ${_var} is not set")
   endif()
@@ -22,6 +23,6 @@ execute_process(
 if(NOT _rc EQUAL 0)
   message(FATAL_ERROR "cmake --install failed (${_rc})")
 endif()
-if(NOT EXISTS "${PREFIX}/share/cmake/gpt2_attention/gpt2_attentionConfig.cmake")
-  message(FATAL_ERROR "${PREFIX}/share/cmake/gpt2_attention/gpt2_attentionConfig.cmake was not installed")
+if(NOT EXISTS "${PREFIX}/${CMAKEDIR}/gpt2_attentionConfig.cmake")
+  message(FATAL_ERROR "${PREFIX}/${CMAKEDIR}/gpt2_attentionConfig.cmake was not installed")
 endif()

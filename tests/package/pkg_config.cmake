@@ -1,11 +1,12 @@
-# ctest package_pkg_config: the installed gpt2-attention.pc (and gpt2-attention-io.pc) used the way
-# a build without CMake uses them, a plain compiler command line:
-#   c++ -std=c++17 main.cpp $(pkg-config --cflags --libs gpt2-attention) -o app
+# ctest package_pkg_config: the installed gpt2-attention.pc (the compiled mode),
+# gpt2-attention-header-only.pc and gpt2-attention-io.pc used the way a build without CMake uses
+# them, a plain compiler command line, as README.md gives it:
+#   c++ -std=c++17 -O2 main.cpp $(pkg-config --cflags --libs gpt2-attention) -o app
 # with PKG_CONFIG_PATH pointing into the scratch prefix of the package_install fixture.
-# (-O0, as the other consumers: the test is about the flags pkg-config gives, CMakeLists.txt.)
+# (The header-only build at -O0, as the other consumers: it is about the flags pkg-config gives.)
 #   cmake -DPKG_CONFIG=<pkg-config> -DCXX_COMPILER=<c++> -DPREFIX=<prefix> -DSOURCE_DIR=<tests/package>
 #         -DBINARY_DIR=<scratch dir> -DGPT2_VERSION=<x.y.z> -DOPENMP=<ON|OFF> -DHAVE_IO=<ON|OFF>
-#         [-DPKGCONFIGDIR=share/pkgconfig] -P pkg_config.cmake
+#         [-DPKGCONFIGDIR=lib/pkgconfig] -P pkg_config.cmake
 cmake_minimum_required(VERSION 3.24)
 if(NOT PKG_CONFIG)
   message(FATAL_ERROR "pkg-config not found when configuring (Debian: apt-get install pkgconf; "
@@ -17,7 +18,7 @@ foreach(_var CXX_COMPILER PREFIX SOURCE_DIR BINARY_DIR GPT2_VERSION)
   endif()
 endforeach()
 if(NOT PKGCONFIGDIR)
-  set(PKGCONFIGDIR share/pkgconfig)
+  set(PKGCONFIGDIR lib/pkgconfig)
 endif()
 
 set(ENV{PKG_CONFIG_PATH} "${PREFIX}/${PKGCONFIGDIR}")
@@ -86,8 +87,24 @@ if(OPENMP)
 else()
   set(_openmp no-openmp)
 endif()
-shell(build "'${CXX_COMPILER}' -std=c++17 -O0 '${SOURCE_DIR}/pkg_config/main.cpp' \$('${PKG_CONFIG}' --cflags --libs gpt2-attention) -o app")
-shell(run "./app ${_version} ${_openmp}")
+# The compiled mode: the define that selects it, and the library.
+if(NOT _cflags MATCHES "-DGPT2_ATTENTION_SEPARATE_KERNELS")
+  message(FATAL_ERROR "pkg-config --cflags gpt2-attention: no -DGPT2_ATTENTION_SEPARATE_KERNELS: ${_cflags}")
+endif()
+pkg_config(_libs --libs gpt2-attention)
+if(NOT _libs MATCHES "-lgpt2_attention")
+  message(FATAL_ERROR "pkg-config --libs gpt2-attention: no -lgpt2_attention: ${_libs}")
+endif()
+shell(build "'${CXX_COMPILER}' -std=c++17 -O2 '${SOURCE_DIR}/pkg_config/main.cpp' \$('${PKG_CONFIG}' --cflags --libs gpt2-attention) -o app")
+shell(run "./app ${_version} ${_openmp} compiled")
+
+# Header-only: the headers alone, no define, nothing to link.
+pkg_config(_ho_cflags --cflags --libs gpt2-attention-header-only)
+if(_ho_cflags MATCHES "SEPARATE_KERNELS|-lgpt2_attention")
+  message(FATAL_ERROR "pkg-config gpt2-attention-header-only: ${_ho_cflags}")
+endif()
+shell(build_header_only "'${CXX_COMPILER}' -std=c++17 -O0 '${SOURCE_DIR}/pkg_config/main.cpp' \$('${PKG_CONFIG}' --cflags --libs gpt2-attention-header-only) -o app_header_only")
+shell(run_header_only "./app_header_only ${_version} ${_openmp} header-only")
 
 # The io component: its own .pc file (Requires: gpt2-attention, nlohmann_json), when installed.
 execute_process(COMMAND "${PKG_CONFIG}" --exists gpt2-attention-io RESULT_VARIABLE _io_rc)
@@ -99,7 +116,7 @@ if(HAVE_IO)
   if(NOT _io_version STREQUAL GPT2_VERSION)
     message(FATAL_ERROR "pkg-config --modversion gpt2-attention-io: ${_io_version}, expected ${GPT2_VERSION}")
   endif()
-  shell(build_io "'${CXX_COMPILER}' -std=c++17 -O0 '${SOURCE_DIR}/find_package/main_io.cpp' \$('${PKG_CONFIG}' --cflags --libs gpt2-attention-io) -o app_io")
+  shell(build_io "'${CXX_COMPILER}' -std=c++17 -O2 '${SOURCE_DIR}/find_package/main_io.cpp' \$('${PKG_CONFIG}' --cflags --libs gpt2-attention-io) -o app_io")
   shell(run_io "./app_io roundtrip.npy")
 elseif(_io_rc EQUAL 0)
   message(FATAL_ERROR "gpt2-attention-io.pc installed by a build without the io component")

@@ -1,4 +1,6 @@
-# ctest package_readme_consumer: the consumer project README.md shows, built exactly as written.
+# ctest package_readme_consumer: the consumer project README.md shows, built exactly as written
+# (the compiled mode) and with the header-only targets its comment names in place of
+# `gpt2::attention gpt2::io` (both must be in the block).
 # The ```cmake block after the line `<!-- consumer: CMakeLists.txt -->` becomes CMakeLists.txt and
 # the README's first C++ example (the ```cpp block after `<!-- snippet: usage -->`, which must be
 # the first ```cpp block of the file) becomes main.cpp; the project is configured against the
@@ -49,10 +51,15 @@ foreach(_needed "find_package(gpt2_attention" "COMPONENTS io" "add_executable(ap
   endif()
 endforeach()
 
+set(_plain "gpt2::attention gpt2::io")
+set(_header_only "gpt2::attention_header_only gpt2::io_header_only")
+foreach(_needed "${_plain}" "${_header_only}")
+  string(FIND "${_cmake}" "${_needed}" _at)
+  if(_at EQUAL -1)
+    message(FATAL_ERROR "${_readme}: the consumer CMakeLists.txt does not name '${_needed}'")
+  endif()
+endforeach()
 file(REMOVE_RECURSE "${BINARY_DIR}")
-file(WRITE "${BINARY_DIR}/src/CMakeLists.txt" "${_cmake}")
-file(WRITE "${BINARY_DIR}/src/main.cpp" "${_main}")
-
 function(run step)
   execute_process(COMMAND ${ARGN} COMMAND_ECHO STDOUT RESULT_VARIABLE _rc OUTPUT_VARIABLE _out
                   ERROR_VARIABLE _out)
@@ -63,6 +70,18 @@ function(run step)
   set(_last_output "${_out}" PARENT_SCOPE)
 endfunction()
 
+foreach(_mode compiled header-only)
+set(_dir "${BINARY_DIR}/${_mode}")
+set(_cmake_mode "${_cmake}")
+if(_mode STREQUAL "header-only")
+  string(REPLACE "target_link_libraries(app PRIVATE ${_plain})"
+         "target_link_libraries(app PRIVATE ${_header_only})" _cmake_mode "${_cmake}")
+  if(_cmake_mode STREQUAL _cmake)
+    message(FATAL_ERROR "${_readme}: no 'target_link_libraries(app PRIVATE ${_plain})' line")
+  endif()
+endif()
+file(WRITE "${_dir}/src/CMakeLists.txt" "${_cmake_mode}")
+file(WRITE "${_dir}/src/main.cpp" "${_main}")
 set(_configure_args
   -G "${GENERATOR}"
   "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
@@ -78,17 +97,19 @@ if(BUILD_TYPE)
   list(APPEND _configure_args "-DCMAKE_BUILD_TYPE=${BUILD_TYPE}"
     "-DCMAKE_CXX_FLAGS_${_upper}=${CXX_FLAGS_CONFIG}")
 endif()
-run(configure "${CMAKE_COMMAND}" -S "${BINARY_DIR}/src" -B "${BINARY_DIR}/build" --no-warn-unused-cli
+run(configure "${CMAKE_COMMAND}" -S "${_dir}/src" -B "${_dir}/build" --no-warn-unused-cli
     ${_configure_args})
 # The package found is the one just installed.
-file(STRINGS "${BINARY_DIR}/build/CMakeCache.txt" _dir_line REGEX "^gpt2_attention_DIR:")
-string(REGEX REPLACE "^[^=]*=" "" _dir "${_dir_line}")
-cmake_path(IS_PREFIX PREFIX "${_dir}" NORMALIZE _in_prefix)
+file(STRINGS "${_dir}/build/CMakeCache.txt" _dir_line REGEX "^gpt2_attention_DIR:")
+string(REGEX REPLACE "^[^=]*=" "" _pkg_dir "${_dir_line}")
+cmake_path(IS_PREFIX PREFIX "${_pkg_dir}" NORMALIZE _in_prefix)
 if(NOT _in_prefix)
-  message(FATAL_ERROR "gpt2_attention found in '${_dir}', expected under ${PREFIX}")
+  message(FATAL_ERROR "gpt2_attention found in '${_pkg_dir}', expected under ${PREFIX}")
 endif()
-run(build "${CMAKE_COMMAND}" --build "${BINARY_DIR}/build")
-run(run "${BINARY_DIR}/build/app")
+run(build "${CMAKE_COMMAND}" --build "${_dir}/build")
+run(run "${_dir}/build/app")
 if(NOT _last_output MATCHES "max \\|y - out\\|")
   message(FATAL_ERROR "app printed '${_last_output}', expected the usage example's line")
 endif()
+message(STATUS "README consumer, ${_mode}: built and ran")
+endforeach()

@@ -1,5 +1,5 @@
-// The kernels of every level, compiled once for all test programs: they are built with
-// GPT2_ATTENTION_SEPARATE_KERNELS (kernels/dispatch.hpp), so their own translation units only
-// declare the kernel entry points, and this one defines them.
+// The compiled part of the library (gpt2/compiled.hpp: the kernels of every vector level and the
+// float and double forwards), compiled once for all test programs, which are built in the compiled
+// mode (GPT2_ATTENTION_SEPARATE_KERNELS) with the tests' own flags.
 #define GPT2_ATTENTION_KERNELS_IMPLEMENTATION
-#include "gpt2/kernels/dispatch.hpp"
+#include "gpt2/compiled.hpp"

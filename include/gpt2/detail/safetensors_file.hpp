@@ -2,7 +2,7 @@
 // buffer), its tensors and metadata, zero-copy Eigen views (matrix, vector) and explicit
 // converting copies (to_vector). Part of gpt2/safetensors.hpp: include that.
 //
-// Requires POSIX mmap and nlohmann-json.
+// Requires POSIX mmap (and nlohmann-json in the header-only mode: detail/safetensors_header.hpp).
 #pragma once
 
 #include <algorithm>
@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -117,18 +116,9 @@ class File {
     file.label_ = std::move(label);
     file.bytes_ = bytes;
     file.size_ = n;
-    const std::size_t header_len = detail::read_header_length(bytes, n, file.label_);
-    const nlohmann::json header = detail::parse_header_json(bytes + 8, header_len, file.label_);
-    const unsigned char* data = bytes + 8 + header_len;
-    const std::size_t data_size = n - 8 - header_len;
-    for (const auto& [name, entry] : header.items()) {
-      if (name == "__metadata__")
-        file.metadata_ = detail::parse_metadata(entry, file.label_);
-      else
-        file.tensors_.emplace(name,
-                              detail::parse_tensor(name, entry, data, data_size, file.label_));
-    }
-    detail::check_coverage(file.tensors_, data_size, file.label_);
+    detail::ParsedHeader parsed = detail::parse_header(bytes, n, file.label_);
+    file.tensors_ = std::move(parsed.tensors);
+    file.metadata_ = std::move(parsed.metadata);
     return file;
   }
 

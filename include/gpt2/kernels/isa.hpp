@@ -168,7 +168,27 @@ inline void set_isa(const std::string& name) { set_isa(detail::parse_isa(name, "
 // Undoes set_isa(): back to GPT2_ATTENTION_ISA or the CPU's best.
 inline void reset_isa() { detail::forced_isa().store(-1, std::memory_order_relaxed); }
 
-// What runs: the level in use, how it was chosen, the CPU features seen, the levels available.
+namespace kernels {
+// Whether the vector levels' kernels were compiled with optimisation (-O1 or more): in the compiled
+// mode, the library's file (built -O2 whatever the program's flags); header-only, the program's own
+// files. Unoptimised kernels run tens of times slower.
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
+inline namespace separate_kernels {
+bool built_optimized();  // defined in the library (kernels/levels.hpp)
+}
+#else
+inline bool built_optimized() {
+#if defined(__OPTIMIZE__) || (defined(_MSC_VER) && !defined(_DEBUG))
+  return true;
+#else
+  return false;
+#endif
+}
+#endif
+}  // namespace kernels
+
+// What runs: the level in use, how it was chosen, the CPU features seen, the levels available, and
+// how the kernels were built.
 struct KernelInfo {
   Isa isa = Isa::generic;
   std::string level;            // isa_name(isa)
@@ -176,9 +196,20 @@ struct KernelInfo {
   std::string cpu;              // the features seen, e.g. "avx2 fma avx512f avx512bw ..."
   std::vector<Isa> available;   // lowest first
   std::string unavailable;      // levels the CPU or OS lacks, with the reason: "amx (...)"; or ""
+  bool compiled_library = false;  // the kernels come from the compiled library (the compiled mode)
+  bool optimized = true;          // they were compiled with optimisation (kernels::built_optimized)
 
-  // "avx512 (cpu: avx2 fma avx512f ...)"-style one-line summary: "LEVEL; cpu: FEATURES".
-  std::string summary() const { return level + "; cpu: " + cpu; }
+  // One line: "LEVEL; cpu: FEATURES", plus a warning when the kernels were compiled unoptimised.
+  std::string summary() const {
+    return level + "; cpu: " + cpu + (optimized ? "" : "; " + unoptimized_warning());
+  }
+
+  // What an unoptimised build costs and how to avoid it (for a program to print once).
+  static std::string unoptimized_warning() {
+    return "the kernels were compiled without optimisation (header-only, no -O2): forwards run "
+           "tens of times slower; compile with -O2, or link the compiled library (gpt2::attention, "
+           "pkg-config gpt2-attention)";
+  }
 };
 
 // Throws ConfigError as active_isa() does.
@@ -198,6 +229,10 @@ inline KernelInfo kernel_info() {
     const std::string missing = isa_missing(isa);
     if (!missing.empty()) info.unavailable += (info.unavailable.empty() ? "" : ", ") + missing;
   }
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
+  info.compiled_library = true;
+#endif
+  info.optimized = kernels::built_optimized();
   return info;
 }
 

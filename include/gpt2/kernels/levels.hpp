@@ -140,6 +140,13 @@ inline const Kernels<float>& vector_table(Isa isa) {
                     isa_name(isa));
 }
 #if defined(GPT2_ATTENTION_SEPARATE_KERNELS)
+bool built_optimized() {
+#if defined(__OPTIMIZE__) || (defined(_MSC_VER) && !defined(_DEBUG))
+  return true;
+#else
+  return false;
+#endif
+}
 }  // namespace separate_kernels
 #endif
 

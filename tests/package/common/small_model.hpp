@@ -5,6 +5,7 @@
 #include <gpt2/attention.hpp>
 
 #include <cstdio>
+#include <cstring>
 
 namespace consumer {
 
@@ -35,6 +36,27 @@ inline int check_output(const gpt2::RowMatrix<float>& y, const char* who) {
     return 1;
   }
   std::printf("%s: y [%td, %td] ok\n", who, y.rows(), y.cols());
+  return 0;
+}
+
+// 0 when kernel_info() reports the build mode `mode` ("compiled": the compiled library, whose
+// kernels are optimised whatever this file's flags; "header-only": this program's own, optimised as
+// `optimized` says); otherwise says why on stderr and returns 1.
+inline int check_build(const char* mode, bool optimized, const char* who) {
+  const gpt2::KernelInfo info = gpt2::kernel_info();
+  const bool compiled = std::strcmp(mode, "compiled") == 0;
+  if (info.compiled_library != compiled || info.optimized != (compiled || optimized)) {
+    std::fprintf(stderr, "%s: kernel_info() says compiled_library %d, optimized %d; expected %s%s\n",
+                 who, int(info.compiled_library), int(info.optimized), mode,
+                 compiled || optimized ? ", optimised" : ", unoptimised");
+    return 1;
+  }
+  if (info.optimized != (info.summary().find("without optimisation") == std::string::npos)) {
+    std::fprintf(stderr, "%s: summary() '%s' disagrees with optimized %d\n", who,
+                 info.summary().c_str(), int(info.optimized));
+    return 1;
+  }
+  std::printf("%s: %s mode, kernels %s\n", who, mode, info.optimized ? "optimised" : "unoptimised");
   return 0;
 }
 

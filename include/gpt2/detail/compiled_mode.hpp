@@ -1,0 +1,30 @@
+// Which of the library's two modes this translation unit is built in (docs/building.md):
+//   header-only  (the default of a plain `-I`): every file that runs a forward compiles the kernels
+//                of every level and the forwards it calls;
+//   compiled     (GPT2_ATTENTION_SEPARATE_KERNELS, what the CMake target gpt2::attention and the
+//                pkg-config module gpt2-attention give): the vector levels' kernels and the float
+//                and double forwards are compiled once, in the library (src/gpt2_attention.cpp,
+//                which includes gpt2/compiled.hpp with GPT2_ATTENTION_KERNELS_IMPLEMENTATION).
+// GPT2_ATTENTION_EXTERN_FORWARDS is 1 where a header declares its float/double forwards as explicit
+// instantiations (extern template: compiled elsewhere) or, in the implementation file, defines them.
+// A file that must compile its own copy (EIGEN_RUNTIME_NO_MALLOC checks its own code only) defines
+// GPT2_ATTENTION_NO_EXTERN_FORWARDS; its copy is the one it runs, and it still links.
+#pragma once
+
+#if defined(GPT2_ATTENTION_SEPARATE_KERNELS) && \
+    (defined(GPT2_ATTENTION_KERNELS_IMPLEMENTATION) || !defined(GPT2_ATTENTION_NO_EXTERN_FORWARDS))
+#define GPT2_ATTENTION_EXTERN_FORWARDS 1
+#if defined(GPT2_ATTENTION_KERNELS_IMPLEMENTATION)
+#define GPT2_ATTENTION_EXTERN
+#else
+#define GPT2_ATTENTION_EXTERN extern
+#endif
+// The explicit instantiation (declaration or definition) of the forward over AttentionWeights<T>
+// and a cache; inside namespace gpt2.
+#define GPT2_ATTENTION_FORWARD(T, Cache)                                                        \
+  GPT2_ATTENTION_EXTERN template void detail::forward<T, AttentionWeights<T>, Cache>(         \
+      const AttentionWeights<T>&, const ConstMatrixRef<T>&, Cache&, Workspace<T>&,              \
+      MatrixRef<T>&, MatrixRef<T>*);
+#else
+#define GPT2_ATTENTION_EXTERN_FORWARDS 0
+#endif
