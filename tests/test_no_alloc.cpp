@@ -11,7 +11,9 @@ static std::atomic<int> g_eigen_assert_failures{0};
 #define eigen_assert(x) ((x) ? (void)0 : (void)g_eigen_assert_failures.fetch_add(1))
 #define EIGEN_RUNTIME_NO_MALLOC
 // This file compiles its own forwards (detail/compiled_mode.hpp), so that the check above sees them.
+#ifndef GPT2_ATTENTION_NO_EXTERN_FORWARDS
 #define GPT2_ATTENTION_NO_EXTERN_FORWARDS
+#endif
 
 #include <gtest/gtest.h>
 

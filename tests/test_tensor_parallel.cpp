@@ -14,7 +14,9 @@
 //     operator new (counted); MPI's own C allocations are not ours to count
 #define EIGEN_RUNTIME_NO_MALLOC
 // This file compiles its own forwards (detail/compiled_mode.hpp), so that the check above sees them.
+#ifndef GPT2_ATTENTION_NO_EXTERN_FORWARDS
 #define GPT2_ATTENTION_NO_EXTERN_FORWARDS
+#endif
 
 #include <gtest/gtest.h>
 #include <mpi.h>
