@@ -25,11 +25,6 @@
   GPT2_ATTENTION_EXTERN template void detail::forward<T, AttentionWeights<T>, Cache>(         \
       const AttentionWeights<T>&, const ConstMatrixRef<T>&, Cache&, Workspace<T>&,              \
       MatrixRef<T>&, MatrixRef<T>*);
-// The same for the batch forward over AttentionWeights<T> and a named b -> cache (batch.hpp).
-#define GPT2_ATTENTION_BATCH_FORWARD(T, CacheAt)                                                \
-  GPT2_ATTENTION_EXTERN template void detail::batch_forward<T, AttentionWeights<T>, CacheAt>(  \
-      const AttentionWeights<T>&, const ConstMatrixRef<T>&, const BatchLayout&, const CacheAt&, \
-      Workspace<T>&, MatrixRef<T>&);
 #else
 #define GPT2_ATTENTION_EXTERN_FORWARDS 0
 #endif
