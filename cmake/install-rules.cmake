@@ -20,17 +20,7 @@
 
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
-
-if(GPT2_ATTENTION_HEADER_ONLY)
-  set(_gpt2_package_root "${CMAKE_INSTALL_DATADIR}")
-else()
-  set(_gpt2_package_root "${CMAKE_INSTALL_LIBDIR}")
-endif()
-set(GPT2_ATTENTION_INSTALL_CMAKEDIR "${_gpt2_package_root}/cmake/gpt2_attention"
-  CACHE STRING "Where gpt2_attentionConfig.cmake is installed, relative to the prefix")
-set(GPT2_ATTENTION_INSTALL_PKGCONFIGDIR "${_gpt2_package_root}/pkgconfig"
-  CACHE STRING "Where gpt2-attention.pc is installed, relative to the prefix")
-mark_as_advanced(GPT2_ATTENTION_INSTALL_CMAKEDIR GPT2_ATTENTION_INSTALL_PKGCONFIGDIR)
+# GPT2_ATTENTION_INSTALL_CMAKEDIR, GPT2_ATTENTION_INSTALL_PKGCONFIGDIR: cmake/install-dirs.cmake.
 
 # What `cmake --install` needs built first: the CLI (when examples are built) and the compiled
 # libraries. The check runs before anything is copied and says what to build; a half-installed
