@@ -18,9 +18,11 @@
 #include <utility>
 #include <vector>
 
+#include "gpt2/detail/compiled_mode.hpp"
 #include "gpt2/detail/pipeline.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/kernels/levels.hpp"
+#include "gpt2/kv_cache.hpp"
 #include "gpt2/types.hpp"
 #include "gpt2/weights.hpp"
 #include "gpt2/workspace.hpp"
@@ -322,7 +324,7 @@ void batch_forward(const S& sublayer, const ConstMatrixRef<T>& x, const BatchLay
 }
 
 // The batch's caches as cache_at(b), from a vector of caches, a vector of pointers or an array of B
-// pointers (null entries and a cache given twice are errors).
+// pointers (null entries and a cache given twice are errors): cache_list below.
 // Errors name the caches as their kind does: KV caches, or paged sequences.
 template <class C>
 bool paged_kind() {
@@ -352,20 +354,47 @@ void check_count(std::size_t n, Index B) {
   throw ShapeError("caches: expected one KV cache per sequence (" + std::to_string(B) + "), got " +
                    std::to_string(n));
 }
-template <class C, class A, class F, std::enable_if_t<IsKVCache<C>::value, int> = 0>
-void with_caches(std::vector<C, A>& caches, Index B, const F& f) {
+
+// The batch's caches, b -> cache, as types with names (the compiled mode instantiates the batch
+// forward over them: detail/compiled_mode.hpp). NoCaches: none.
+struct NoCaches {
+  NoCache operator()(Index) const { return NoCache(); }
+};
+
+// Caches from a contiguous array of them (a std::vector of caches) or an array of B pointers.
+template <class C>
+struct CacheList {
+  C* values = nullptr;           // cache b is values[b] ...
+  C* const* pointers = nullptr;  // ... or *pointers[b]
+  C& operator()(Index b) const { return values != nullptr ? values[b] : *pointers[b]; }
+};
+
+// Layer `layer` of each paged sequence, grown for the step: PagedLayer(sequence b, layer, its
+// batch length).
+template <class S>
+struct PagedLayers {
+  CacheList<PagedSequence<S>> seqs;
+  Index layer = 0;
+  const BatchLayout* batch = nullptr;
+  PagedLayer<S> operator()(Index b) const {
+    return PagedLayer<S>(seqs(b), layer, batch->length(b));
+  }
+};
+
+template <class C, class A, std::enable_if_t<IsKVCache<C>::value, int> = 0>
+CacheList<C> cache_list(std::vector<C, A>& caches, Index B) {
   check_count<C>(caches.size(), B);
-  f([&](Index b) -> C& { return caches[static_cast<std::size_t>(b)]; });
+  return {caches.data(), nullptr};
 }
-template <class C, class F>
-void with_caches(C* const* caches, Index B, const F& f) {
+template <class C>
+CacheList<C> cache_list(C* const* caches, Index B) {
   check_pointers(caches, B);
-  f([=](Index b) -> C& { return *caches[b]; });
+  return {nullptr, caches};
 }
-template <class C, class A, class F>
-void with_caches(const std::vector<C*, A>& caches, Index B, const F& f) {
+template <class C, class A>
+CacheList<C> cache_list(const std::vector<C*, A>& caches, Index B) {
   check_count<C>(caches.size(), B);
-  with_caches(caches.data(), B, f);
+  return cache_list<C>(caches.data(), B);
 }
 
 }  // namespace detail
@@ -380,8 +409,7 @@ template <class T, template <class> class S, class D,
           std::enable_if_t<detail::SublayerTraits<S<T>>::kIsSublayer, int> = 0>
 void attention_forward(const S<T>& sublayer, const Eigen::MatrixBase<D>& x,
                        const BatchLayout& batch, Workspace<T>& ws, MatrixRef<T> out) {
-  detail::batch_forward<T>(sublayer, detail::as_view<T>(x), batch,
-                           [](Index) { return detail::NoCache(); }, ws, out);
+  detail::batch_forward<T>(sublayer, detail::as_view<T>(x), batch, detail::NoCaches(), ws, out);
 }
 
 // Batched forward through KV caches: sequence b's real rows are its next positions, appended to
@@ -400,9 +428,8 @@ template <class T, template <class> class S, class D, class Caches,
 void attention_forward(const S<T>& sublayer, const Eigen::MatrixBase<D>& x,
                        const BatchLayout& batch, Caches&& caches, Workspace<T>& ws,
                        MatrixRef<T> out) {
-  detail::with_caches(caches, batch.batch(), [&](const auto& cache_at) {
-    detail::batch_forward<T>(sublayer, detail::as_view<T>(x), batch, cache_at, ws, out);
-  });
+  detail::batch_forward<T>(sublayer, detail::as_view<T>(x), batch,
+                           detail::cache_list(caches, batch.batch()), ws, out);
 }
 
 // Layer `layer` of a batched model step, every paged sequence grown already for it: sequence b's
@@ -412,16 +439,21 @@ template <class T, template <class> class S, class D, class Seqs,
 void attention_forward(const S<T>& sublayer, const Eigen::MatrixBase<D>& x,
                        const BatchLayout& batch, Seqs&& seqs, Index layer, Workspace<T>& ws,
                        MatrixRef<T> out) {
-  detail::with_caches(seqs, batch.batch(), [&](const auto& seq_at) {
-    detail::batch_forward<T>(
-        sublayer, detail::as_view<T>(x), batch,
-        [&](Index b) {
-          auto& seq = seq_at(b);
-          return PagedLayer<typename std::decay_t<decltype(seq)>::Storage>(seq, layer,
-                                                                            batch.length(b));
-        },
-        ws, out);
-  });
+  const auto list = detail::cache_list(seqs, batch.batch());
+  using Seq = std::remove_reference_t<decltype(list(0))>;
+  detail::batch_forward<T>(sublayer, detail::as_view<T>(x), batch,
+                           detail::PagedLayers<typename Seq::Storage>{list, layer, &batch}, ws,
+                           out);
 }
+
+// The compiled mode's batch forwards over the contiguous caches (detail/compiled_mode.hpp;
+// paged_kv_cache.hpp declares the paged ones).
+#if GPT2_ATTENTION_EXTERN_FORWARDS
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::NoCaches)
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<KVCache<float>>)
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<KVCache<bfloat16>>)
+GPT2_ATTENTION_BATCH_FORWARD(double, detail::NoCaches)
+GPT2_ATTENTION_BATCH_FORWARD(double, detail::CacheList<KVCache<double>>)
+#endif
 
 }  // namespace gpt2

@@ -53,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpt2/batch.hpp"
 #include "gpt2/config.hpp"
 #include "gpt2/detail/aligned_matrix.hpp"
 #include "gpt2/detail/compiled_mode.hpp"
@@ -634,7 +635,8 @@ class PagedLayer {
   Index layer_, pending_;
 };
 
-// The compiled mode's forwards over paged caches (detail/compiled_mode.hpp), as sublayer.hpp's.
+// The compiled mode's forwards and batch forwards over paged caches (detail/compiled_mode.hpp),
+// as sublayer.hpp's and batch.hpp's.
 #if GPT2_ATTENTION_EXTERN_FORWARDS
 GPT2_ATTENTION_FORWARD(float, PagedSequence<float>)
 GPT2_ATTENTION_FORWARD(float, PagedSequence<bfloat16>)
@@ -642,6 +644,12 @@ GPT2_ATTENTION_FORWARD(float, PagedLayer<float>)
 GPT2_ATTENTION_FORWARD(float, PagedLayer<bfloat16>)
 GPT2_ATTENTION_FORWARD(double, PagedSequence<double>)
 GPT2_ATTENTION_FORWARD(double, PagedLayer<double>)
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<PagedSequence<float>>)
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<PagedSequence<bfloat16>>)
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::PagedLayers<float>)
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::PagedLayers<bfloat16>)
+GPT2_ATTENTION_BATCH_FORWARD(double, detail::CacheList<PagedSequence<double>>)
+GPT2_ATTENTION_BATCH_FORWARD(double, detail::PagedLayers<double>)
 #endif
 
 }  // namespace gpt2
