@@ -16,8 +16,8 @@ as a consumer of the installed package (`-std=c++17 -O2`, the include directorie
 
 each in the compiled mode (GPT2_ATTENTION_SEPARATE_KERNELS and _IO, linked with the library) and,
 for readme and consumer, header-only. Prints the median seconds of each and its ratio to
-eigen_only. --cli also builds, in a fresh CMake tree (Release, Ninja) with -j2, once: the library
-(library_j2), then the gpt2-attention target's own files on it (cli_from_scratch_j2), and gives
+eigen_only. --cli also builds, in a fresh CMake tree (Release, Ninja) with -j2, once: the libraries
+(library_j2: gpt2_attention, gpt2_attention_io and, with MPI, gpt2_attention_mpi), then the gpt2-attention target's own files on it (cli_from_scratch_j2), and gives
 their ratios. --weights (or GPT2_SMALL_WEIGHTS) runs the
 consumer built without optimisation (-O0, what a CMake project without a build type compiles) and
 with -O2, in the compiled mode and header-only, and prints the forward's time at T=64 in each.
@@ -131,6 +131,7 @@ def main() -> None:
             # The library first (once per build tree), then the CLI's own files on it.
             times[("library_j2", "compiled")] = [
                 timed(["cmake", "--build", str(build), "--target", "gpt2_attention", "gpt2_attention_io",
+                       *(["gpt2_attention_mpi"] if has_target(build, "gpt2_attention_mpi") else []),
                        "-j2"])]
             times[("cli_from_scratch_j2", "compiled")] = [
                 timed(["cmake", "--build", str(build), "--target", "gpt2-attention", "-j2"])]

@@ -2,7 +2,8 @@
 #
 # Layout under the prefix (LIBDIR: lib, or lib/<multiarch> on Debian):
 #   include/gpt2/*.hpp                                   headers (core, io, mpi)
-#   LIBDIR/libgpt2_attention.a, libgpt2_attention_io.a   the compiled mode's libraries
+#   LIBDIR/libgpt2_attention.a, libgpt2_attention_io.a, libgpt2_attention_mpi.a (when built)
+#                                                        the compiled mode's libraries
 #   LIBDIR/cmake/gpt2_attention/gpt2_attentionConfig.cmake   find_package(gpt2_attention CONFIG)
 #   LIBDIR/cmake/gpt2_attention/gpt2_attentionTargets.cmake  gpt2::attention, gpt2::attention_header_only
 #   LIBDIR/cmake/gpt2_attention/gpt2_attention_ioTargets.cmake gpt2::io, gpt2::io_header_only (when built)
@@ -26,7 +27,7 @@ include(CMakePackageConfigHelpers)
 # libraries. The check runs before anything is copied and says what to build; a half-installed
 # prefix is never left behind.
 set(_gpt2_built_targets "")
-foreach(_t gpt2_attention gpt2_attention_io gpt2-attention)
+foreach(_t gpt2_attention gpt2_attention_io gpt2_attention_mpi gpt2-attention)
   if(TARGET ${_t})
     get_target_property(_type ${_t} TYPE)
     if(NOT _type STREQUAL "INTERFACE_LIBRARY")
@@ -34,6 +35,9 @@ foreach(_t gpt2_attention gpt2_attention_io gpt2-attention)
     endif()
   endif()
 endforeach()
+set(_gpt2_library_targets ${_gpt2_built_targets})
+list(REMOVE_ITEM _gpt2_library_targets gpt2-attention)
+list(JOIN _gpt2_library_targets " " _gpt2_library_targets)
 foreach(_t IN LISTS _gpt2_built_targets)
   set(_gpt2_file "$<TARGET_FILE:${_t}>")
   set(_gpt2_check [=[
@@ -41,7 +45,7 @@ if(NOT EXISTS "@_gpt2_file@")
   message(FATAL_ERROR "gpt2_attention is not built yet; nothing was installed (@_t@ is missing).\n"
     "  Build first:  cmake --build @PROJECT_BINARY_DIR@\n"
     "  (the library alone, for --component gpt2_attention_Development:\n"
-    "   cmake --build @PROJECT_BINARY_DIR@ --target gpt2_attention gpt2_attention_io)")
+    "   cmake --build @PROJECT_BINARY_DIR@ --target @_gpt2_library_targets@)")
 endif()
 ]=])
   string(CONFIGURE "${_gpt2_check}" _gpt2_check @ONLY)
@@ -81,6 +85,7 @@ endif()
 if(TARGET gpt2_attention_mpi)
   install(TARGETS gpt2_attention_mpi
     EXPORT gpt2_attention_mpiTargets
+    ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}" COMPONENT gpt2_attention_Development
     FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
     COMPONENT gpt2_attention_Development)
   install(EXPORT gpt2_attention_mpiTargets

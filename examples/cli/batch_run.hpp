@@ -12,8 +12,8 @@
 // Padded rows of out, and padded rows and columns of probs, are exactly 0; padded input rows are
 // never read (they may hold anything, NaN included).
 //
-// W: AttentionWeights<T>, or a TensorParallelAttention<T> shard (its caches and workspaces over its
-// heads, its probs its own heads': n_head is heads_here(w), sublayer.hpp).
+// w: the whole model, or a TensorParallelAttention<T> shard (its caches and workspaces over its
+// heads, its probs its own heads': n_head is w.heads_here(), sublayer.hpp).
 #pragma once
 
 #include <algorithm>
@@ -26,11 +26,11 @@
 
 namespace gpt2::cli {
 
-template <class T, class W>
-void batch_forward(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+template <class T>
+void batch_forward(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
                    MatrixRef<T> out) {
-  Workspace<T> ws = make_workspace(w, layout.max_length());
-  attention_forward<T>(w, x, layout, ws, out);
+  Workspace<T> ws = w.workspace(layout.max_length());
+  w.forward(x, layout, ws, out);
 }
 
 // Step 0 reads x and writes out in place: sequence b's first min(prefill, l_b) real rows, the
@@ -39,22 +39,22 @@ void batch_forward(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& la
 // [B, C] back. Sequence b's cache holds its l_b tokens (capacity l_b, not T); the workspace holds
 // the largest step (min(prefill, L) tokens, or 1) attending to up to L keys, L the longest
 // sequence. Caches, workspace and step buffers are allocated once, before step 0.
-// Cache: KVCache<T> (make_cache), or KVCacheBF16 for float (run --kv-cache bf16); one made by
-// make(w, l_b) per sequence.
-template <class T, class Cache, class W, class MakeCache>
-void batch_decode_through(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
-                          Index prefill, MatrixRef<T> out, const MakeCache& make) {
+// S: the caches' storage, T (KVCache<T>) or bfloat16 for float (run --kv-cache bf16); sequence
+// b's holds l_b positions.
+template <class T, class S>
+void batch_decode(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+                  Index prefill, MatrixRef<T> out) {
   const Index B = layout.batch(), C = w.n_embd(), L = layout.max_length();
-  std::vector<Cache> caches;
+  std::vector<KVCache<S>> caches;
   caches.reserve(static_cast<std::size_t>(B));
-  for (Index b = 0; b < B; ++b) caches.push_back(make(w, layout.length(b)));
-  Workspace<T> ws = make_workspace(w, std::max(std::min(prefill, L), std::min<Index>(L, 1)), L);
+  for (Index b = 0; b < B; ++b) caches.emplace_back(w.heads_config(), layout.length(b));
+  Workspace<T> ws = w.workspace(std::max(std::min(prefill, L), std::min<Index>(L, 1)), L);
   RowMatrix<T> x_step = RowMatrix<T>::Zero(B, C), out_step(B, C);
   BatchLayout step = BatchLayout::full(B, 1);
 
   BatchLayout first = layout;
   for (Index b = 0; b < B; ++b) first.set(b, layout.start(b), std::min(prefill, layout.length(b)));
-  attention_forward<T>(w, x, first, caches, ws, out);
+  w.forward(x, first, caches, ws, out);
 
   for (;;) {
     bool any = false;
@@ -66,7 +66,7 @@ void batch_decode_through(const W& w, const ConstMatrixRef<T>& x, const BatchLay
       any = any || unfinished;
     }
     if (!any) return;
-    attention_forward<T>(w, x_step, step, caches, ws, out_step);
+    w.forward(x_step, step, caches, ws, out_step);
     for (Index b = 0; b < B; ++b)
       if (step.length(b) == 1)
         out.row(layout.first_row(b) + caches[static_cast<std::size_t>(b)].n_past() - 1) =
@@ -74,34 +74,26 @@ void batch_decode_through(const W& w, const ConstMatrixRef<T>& x, const BatchLay
   }
 }
 
-// The same through KVCache<T>s (make_cache).
-template <class T, class W>
-void batch_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
-                  Index prefill, MatrixRef<T> out) {
-  batch_decode_through<T, KVCache<T>>(
-      w, x, layout, prefill, out, [](const W& sub, Index n) { return make_cache(sub, n); });
-}
-
 // Fills probs, which must already be [B * n_head * T, T] (the caller allocates it before anything
 // is computed): sequence b's maps are computed into the tail of its block of n_head * T * T values
 // and spread from there; a sequence of all T rows (start 0, length T) is computed in place. No
 // second copy of any map: the only scratch is the workspace and one sequence's discarded Y.
-template <class T, class W>
-void batch_probs(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+template <class T>
+void batch_probs(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
                  RowMatrix<T>& probs) {
-  const Index B = layout.batch(), T_ = layout.tokens(), n_head = heads_here(w);
+  const Index B = layout.batch(), T_ = layout.tokens(), n_head = w.heads_here();
   if (probs.rows() != B * n_head * T_ || probs.cols() != T_)
     throw ShapeError("batch_probs: expected probs [" + std::to_string(B * n_head * T_) + ", " +
                      std::to_string(T_) + "], got [" + std::to_string(probs.rows()) + ", " +
                      std::to_string(probs.cols()) + "]");
   const Index max_length = layout.max_length();
-  Workspace<T> ws = make_workspace(w, max_length);
+  Workspace<T> ws = w.workspace(max_length);
   RowMatrix<T> out_b(max_length, w.n_embd());
   for (Index b = 0; b < B; ++b) {
     const Index l = layout.length(b), s = layout.start(b);
     T* block = probs.data() + b * n_head * T_ * T_;
-    attention_forward<T>(w, x.middleRows(layout.first_row(b), l), ws, out_b.topRows(l),
-                         maps_in_tail(block, n_head, T_, l));
+    MatrixRef<T> maps = maps_in_tail(block, n_head, T_, l);
+    w.forward(x.middleRows(layout.first_row(b), l), ws, out_b.topRows(l), &maps);
     spread_maps(block, n_head, T_, s, l);
   }
 }

@@ -27,30 +27,31 @@ namespace gpt2::cli {
 // Runs x through one KV cache of capacity T, chunks of prefill tokens then 1, 1, ...; writes every
 // row of out, and every value of probs when it is not null. probs must already be [n_head * T, T]
 // (the caller allocates it before anything is computed). The cache and the workspace are
-// allocated once, before the first chunk. W: AttentionWeights<T>, or a TensorParallelAttention<T>
-// shard, whose probs are its own heads' (n_head: heads_here(w), sublayer.hpp).
-// Cache: KVCache<T> (make_cache), or a KVCacheBF16 for float (run --kv-cache bf16), of capacity
+// allocated once, before the first chunk. w: the whole model, or a TensorParallelAttention<T>
+// shard, whose probs are its own heads' (n_head: w.heads_here(), sublayer.hpp).
+// Cache: KVCache<T> (w.cache), or KVCache<bfloat16> for float (run --kv-cache bf16), of capacity
 // T, empty.
-template <class T, class W, class Cache>
-void prefill_forward_through(const W& w, const ConstMatrixRef<T>& x, Index prefill,
+template <class T, class Cache>
+void prefill_forward_through(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, Index prefill,
                              MatrixRef<T> out, RowMatrix<T>* probs, Cache& cache) {
-  const Index T_ = x.rows(), n_head = heads_here(w);
+  const Index T_ = x.rows(), n_head = w.heads_here();
   if (probs && (probs->rows() != n_head * T_ || probs->cols() != T_))
     throw ShapeError("prefill_forward: expected probs [" + std::to_string(n_head * T_) + ", " +
                      std::to_string(T_) + "], got [" + std::to_string(probs->rows()) + ", " +
                      std::to_string(probs->cols()) + "]");
   const Index first = std::min(prefill, T_);
   const Index max_chunk = std::max(first, std::min<Index>(T_, 1));
-  Workspace<T> ws = make_workspace(w, max_chunk, T_);
+  Workspace<T> ws = w.workspace(max_chunk, T_);
 
   Index n_past = 0;
   if (first > 0) {
     MatrixRef<T> out_c = out.topRows(first);
-    if (probs)
-      attention_forward<T>(w, x.topRows(first), cache, ws, out_c,
-                           maps_in_tail(probs->data(), n_head, T_, first));
-    else
-      attention_forward<T>(w, x.topRows(first), cache, ws, out_c);
+    if (probs) {
+      MatrixRef<T> maps = maps_in_tail(probs->data(), n_head, T_, first);
+      w.forward(x.topRows(first), cache, ws, out_c, &maps);
+    } else {
+      w.forward(x.topRows(first), cache, ws, out_c, nullptr);
+    }
     n_past = first;
   }
   if (probs) spread_maps(probs->data(), n_head, T_, 0, first);  // with first = 0: all zeros
@@ -61,18 +62,19 @@ void prefill_forward_through(const W& w, const ConstMatrixRef<T>& x, Index prefi
       Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>> p(probs->data() + n_past * T_, n_head,
                                                            n_past + 1,
                                                            Eigen::OuterStride<>(T_ * T_));
-      attention_forward<T>(w, x.middleRows(n_past, 1), cache, ws, out_c, p);
+      MatrixRef<T> p_ref = p;
+      w.forward(x.middleRows(n_past, 1), cache, ws, out_c, &p_ref);
     } else {
-      attention_forward<T>(w, x.middleRows(n_past, 1), cache, ws, out_c);
+      w.forward(x.middleRows(n_past, 1), cache, ws, out_c, nullptr);
     }
   }
 }
 
-// The same through a KVCache<T> (make_cache(w, T)).
-template <class T, class W>
-void prefill_forward(const W& w, const ConstMatrixRef<T>& x, Index prefill, MatrixRef<T> out,
-                     RowMatrix<T>* probs) {
-  KVCache<T> cache = make_cache(w, x.rows());
+// The same through a KVCache<T> (w.cache(T)).
+template <class T>
+void prefill_forward(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, Index prefill,
+                     MatrixRef<T> out, RowMatrix<T>* probs) {
+  KVCache<T> cache = w.cache(x.rows());
   prefill_forward_through<T>(w, x, prefill, out, probs, cache);
 }
 

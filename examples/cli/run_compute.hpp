@@ -38,8 +38,8 @@ struct RunResult {
 };
 
 // Computes everything `o` asks for with sublayer w on the input that was read, in precision T,
-// into r. Writes nothing. W: AttentionWeights<T>, or one rank's TensorParallelAttention<T> shard
-// (tensor_parallel_run.hpp), whose r.probs are then its own heads' only (heads_here(w) of the
+// into r. Writes nothing. w: the whole model, or one rank's TensorParallelAttention<T> shard
+// (tensor_parallel_run.hpp), whose r.probs are then its own heads' only (w.heads_here() of the
 // n_head heads that r.probs_shape, the shape written, counts). r.out and r.probs may come sized
 // already (the tensor-parallel run allocates them first); they are resized otherwise.
 //
@@ -51,9 +51,9 @@ struct RunResult {
 // long computation of Y.
 //
 // Defined in run_forwards.hpp; instantiated for T = float (run_float.cpp) and double
-// (run_double.cpp), with W = AttentionWeights<T> and, with MPI, TensorParallelAttention<T>.
-template <class T, class W>
-void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
+// (run_double.cpp), once for every kind of sublayer.
+template <class T>
+void compute_with(const RunOptions& o, const RunSublayer<T>& w, const RunInput<T>& input,
                   const std::optional<BatchLayout>& layout, RunResult<T>& r);
 
 // Loads, reads and computes everything `o` asks for, in precision T (float for f32 and bf16, with
@@ -69,7 +69,7 @@ RunResult<T> compute_run(const RunOptions& o) {
   if (o.share_prefix) check_share_prefix_shape(input.shape, *o.share_prefix);
   RunResult<T> r;
   r.warning = non_finite_warning(o.input, input, layout);
-  compute_with<T>(o, w, input, layout, r);
+  compute_with<T>(o, SublayerOf<T, AttentionWeights<T>>(w), input, layout, r);
   return r;
 }
 

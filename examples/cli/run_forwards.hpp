@@ -17,8 +17,8 @@
 
 namespace gpt2::cli {
 
-template <class T, class W>
-void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
+template <class T>
+void compute_with(const RunOptions& o, const RunSublayer<T>& w, const RunInput<T>& input,
                   const std::optional<BatchLayout>& layout, RunResult<T>& r) {
   const Index n_head = w.n_head(), B = input.batch(), T_ = input.tokens();
   r.out_shape = input.shape;
@@ -36,58 +36,47 @@ void compute_with(const RunOptions& o, const W& w, const RunInput<T>& input,
       r.spans.push_back(layout ? Span{layout->start(b), layout->length(b)} : Span{0, T_});
 
   RowMatrix<T>* probs = o.probs.empty() && o.png.empty() ? nullptr : &r.probs;
-  if (probs) probs->resize(B * heads_here(w) * T_, T_);  // first: see above
+  if (probs) probs->resize(B * w.heads_here() * T_, T_);  // first: see above
   r.out.resize(input.x.rows(), w.n_embd());
+  constexpr bool kFloat = std::is_same<T, float>::value;
+  if (o.kv_bf16 && !kFloat) throw UsageError("--kv-cache bf16: needs --dtype f32 or bf16");
   if (!input.batched()) {
     if (o.prefill && o.kv_bf16) {
-      if constexpr (std::is_same<T, float>::value) {
-        KVCache<bfloat16> cache(heads_config(w), T_);
+      if constexpr (kFloat) {
+        KVCache<bfloat16> cache(w.heads_config(), T_);
         prefill_forward_through<T>(w, input.x, *o.prefill, r.out, probs, cache);
-      } else {
-        throw UsageError("--kv-cache bf16: needs --dtype f32 or bf16");
       }
     } else if (o.prefill) {
       prefill_forward<T>(w, input.x, *o.prefill, r.out, probs);
     } else {
-      Workspace<T> ws = make_workspace(w, T_);
-      if (probs)
-        attention_forward<T>(w, input.x, ws, r.out, *probs);
-      else
-        attention_forward<T>(w, input.x, ws, r.out);
+      Workspace<T> ws = w.workspace(T_);
+      if (probs) {
+        MatrixRef<T> probs_ref = *probs;
+        w.forward(input.x, ws, r.out, &probs_ref);
+      } else {
+        w.forward(input.x, ws, r.out, nullptr);
+      }
     }
   } else {
     if (o.share_prefix && o.kv_bf16) {
-      if constexpr (std::is_same<T, float>::value)
+      if constexpr (kFloat)
         shared_prefix_decode<T, bfloat16>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
-      else
-        throw UsageError("--kv-cache bf16: needs --dtype f32 or bf16");
     } else if (o.share_prefix) {
       shared_prefix_decode<T, T>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
     } else if (o.prefill && o.kv_bf16) {
-      if constexpr (std::is_same<T, float>::value)
-        batch_decode_through<T, KVCache<bfloat16>>(
-            w, input.x, *layout, *o.prefill, r.out,
-            [](const W& sub, Index n) { return KVCache<bfloat16>(heads_config(sub), n); });
-      else
-        throw UsageError("--kv-cache bf16: needs --dtype f32 or bf16");
-    } else if (o.prefill)
-      batch_decode<T>(w, input.x, *layout, *o.prefill, r.out);
-    else
+      if constexpr (kFloat) batch_decode<T, bfloat16>(w, input.x, *layout, *o.prefill, r.out);
+    } else if (o.prefill) {
+      batch_decode<T, T>(w, input.x, *layout, *o.prefill, r.out);
+    } else {
       batch_forward<T>(w, input.x, *layout, r.out);
+    }
     if (probs) batch_probs<T>(w, input.x, *layout, *probs);
   }
 }
 
-// compute_with<T, AttentionWeights<T>> and, with MPI, compute_with<T, TensorParallelAttention<T>>.
-#define GPT2_CLI_INSTANTIATE_COMPUTE_WITH(T, W)                                      \
-  template void compute_with<T, W>(const RunOptions&, const W&, const RunInput<T>&, \
-                                   const std::optional<BatchLayout>&, RunResult<T>&);
-#if GPT2_CLI_TENSOR_PARALLEL
-#define GPT2_CLI_INSTANTIATE_RUN(T)                             \
-  GPT2_CLI_INSTANTIATE_COMPUTE_WITH(T, AttentionWeights<T>) \
-  GPT2_CLI_INSTANTIATE_COMPUTE_WITH(T, TensorParallelAttention<T>)
-#else
-#define GPT2_CLI_INSTANTIATE_RUN(T) GPT2_CLI_INSTANTIATE_COMPUTE_WITH(T, AttentionWeights<T>)
-#endif
+// compute_with<T>, T = float (run_float.cpp) or double (run_double.cpp).
+#define GPT2_CLI_INSTANTIATE_RUN(T)                                                      \
+  template void compute_with<T>(const RunOptions&, const RunSublayer<T>&, const RunInput<T>&, \
+                                const std::optional<BatchLayout>&, RunResult<T>&);
 
 }  // namespace gpt2::cli

@@ -56,10 +56,10 @@ void check_shared_prefix(const ConstMatrixRef<T>& x, const BatchLayout& layout, 
 }
 
 // Fills out [B * T, C] (padded rows 0) as described above. prefill: --prefill P, or none.
-// W: AttentionWeights<T> or a rank's TensorParallelAttention<T> (sublayer.hpp); S: the pool's
+// w: the whole model or a rank's TensorParallelAttention<T> (sublayer.hpp); S: the pool's
 // storage, T or bfloat16 (--kv-cache bf16).
-template <class T, class S, class W>
-void shared_prefix_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
+template <class T, class S>
+void shared_prefix_decode(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
                           Index n, std::optional<Index> prefill, MatrixRef<T> out) {
   check_shared_prefix<T>(x, layout, n);
   const Index B = layout.batch(), C = w.n_embd(), L = layout.max_length();
@@ -67,17 +67,17 @@ void shared_prefix_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLay
   // Blocks: the prefix's, and each sequence's own (its copy of a shared partial block included).
   Index blocks = (n + kKVBlockRows - 1) / kKVBlockRows;
   for (Index b = 0; b < B; ++b) blocks += (layout.length(b) + kKVBlockRows - 1) / kKVBlockRows;
-  KVBlockPool<S> pool(heads_config(w), blocks);
+  KVBlockPool<S> pool(w.heads_config(), blocks);
   const Index first_chunk = std::min(P, n), step0 = std::max<Index>(std::min(P, L) - n, 0);
-  Workspace<T> ws = make_workspace(w, std::max({first_chunk, step0, std::min<Index>(L, 1)}), L);
+  Workspace<T> ws = w.workspace(std::max({first_chunk, step0, std::min<Index>(L, 1)}), L);
 
   PagedSequence<S> prefix(pool, n);
   RowMatrix<T> prefix_out(n, C);
   const ConstMatrixRef<T> x_prefix = x.middleRows(layout.first_row(0), n);
   if (first_chunk > 0)
-    attention_forward<T>(w, x_prefix.topRows(first_chunk), prefix, ws, prefix_out.topRows(first_chunk));
+    w.forward(x_prefix.topRows(first_chunk), prefix, ws, prefix_out.topRows(first_chunk));
   for (Index r = first_chunk; r < n; ++r)
-    attention_forward<T>(w, x_prefix.middleRows(r, 1), prefix, ws, prefix_out.middleRows(r, 1));
+    w.forward(x_prefix.middleRows(r, 1), prefix, ws, prefix_out.middleRows(r, 1));
 
   std::vector<PagedSequence<S>> seqs;
   seqs.reserve(static_cast<std::size_t>(B));
@@ -92,7 +92,7 @@ void shared_prefix_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLay
   BatchLayout first = layout;
   for (Index b = 0; b < B; ++b)
     first.set(b, layout.start(b) + n, std::max<Index>(std::min(P, layout.length(b)) - n, 0));
-  attention_forward<T>(w, x, first, ptrs, ws, out);  // also zeroes every row but step 0's
+  w.forward(x, first, ptrs, ws, out);  // also zeroes every row but step 0's
 
   RowMatrix<T> x_step = RowMatrix<T>::Zero(B, C), out_step(B, C);
   BatchLayout step = BatchLayout::full(B, 1);
@@ -106,7 +106,7 @@ void shared_prefix_decode(const W& w, const ConstMatrixRef<T>& x, const BatchLay
       any = any || unfinished;
     }
     if (!any) break;
-    attention_forward<T>(w, x_step, step, ptrs, ws, out_step);
+    w.forward(x_step, step, ptrs, ws, out_step);
     for (Index b = 0; b < B; ++b)
       if (step.length(b) == 1)
         out.row(layout.first_row(b) + seqs[static_cast<std::size_t>(b)].length() - 1) = out_step.row(b);

@@ -84,7 +84,7 @@ void run_tensor_parallel_in(const RunOptions& o, const MpiSession& mpi) {
     if (want_probs && root) all_probs.resize(B * H * T_, T_);
     r.out.resize(input->x.rows(), tp.n_embd());
   });
-  compute_with<T>(o, tp, *input, layout, r);
+  compute_with<T>(o, SublayerOf<T, TensorParallelAttention<T>>(tp), *input, layout, r);
 
   if (want_probs) {  // sequence by sequence: [H_r, T, T] blocks into rank 0's [H, T, T]
     for (Index b = 0; b < B; ++b) {

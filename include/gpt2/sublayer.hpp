@@ -135,6 +135,10 @@ RowMatrix<T> attention(const AttentionWeights<T>& w, const Eigen::MatrixBase<Der
 // The compiled mode's float and double forwards over the contiguous caches (detail/compiled_mode.hpp;
 // paged_kv_cache.hpp declares the paged ones): compiled once in the library, not in every file.
 #if GPT2_ATTENTION_EXTERN_FORWARDS
+// The generic level's tables too (Eigen's code, which every forward's glue would otherwise compile
+// for the table it looks up): the library's copy, as the vector levels'.
+GPT2_ATTENTION_EXTERN template const kernels::Kernels<float>& kernels::generic_table<float>();
+GPT2_ATTENTION_EXTERN template const kernels::Kernels<double>& kernels::generic_table<double>();
 GPT2_ATTENTION_FORWARD(float, detail::NoCache)
 GPT2_ATTENTION_FORWARD(float, KVCache<float>)
 GPT2_ATTENTION_FORWARD(float, KVCache<bfloat16>)

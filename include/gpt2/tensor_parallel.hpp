@@ -30,11 +30,27 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gpt2/detail/pipeline.hpp"
 #include "gpt2/kv_cache.hpp"
+// Which mode gpt2::mpi is built in: with GPT2_ATTENTION_SEPARATE_MPI (the compiled library) the
+// shard's forwards are declared extern at the end of this file, over the caches of these headers.
+#if defined(GPT2_ATTENTION_SEPARATE_MPI) && \
+    (defined(GPT2_ATTENTION_MPI_IMPLEMENTATION) || !defined(GPT2_ATTENTION_NO_EXTERN_FORWARDS))
+#define GPT2_ATTENTION_MPI_EXTERN_FORWARDS 1
+#if defined(GPT2_ATTENTION_MPI_IMPLEMENTATION)
+#define GPT2_ATTENTION_MPI_EXTERN
+#else
+#define GPT2_ATTENTION_MPI_EXTERN extern
+#endif
+#include "gpt2/batch.hpp"
+#include "gpt2/paged_kv_cache.hpp"
+#else
+#define GPT2_ATTENTION_MPI_EXTERN_FORWARDS 0
+#endif
 #include "gpt2/weights.hpp"
 #include "gpt2/workspace.hpp"
 
@@ -112,9 +128,21 @@ enum class ErrorKind : int { shape, config, capacity, format, mpi, error, bad_al
 // broadcast, prefixed with "tensor parallel rank r of R: "); if the values differ, every rank
 // throws ShapeError naming the value and its range over the ranks. A collective: every rank of
 // comm calls it. Allocates nothing unless something fails.
-template <class F>
-void agree_on_ranks(MPI_Comm comm, int rank, int n_ranks, const F& check,
-                    const RankAgreement& agreement) {
+// check is taken by reference through CheckRef: one body for every check, not one per lambda.
+class CheckRef {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same<std::decay_t<F>, CheckRef>::value>>
+  CheckRef(const F& f)  // NOLINT: implicit, from any callable check
+      : object_(&f), call_([](const void* o) { (*static_cast<const F*>(o))(); }) {}
+  void operator()() const { call_(object_); }
+
+ private:
+  const void* object_;
+  void (*call_)(const void*);
+};
+
+inline void agree_on_ranks(MPI_Comm comm, int rank, int n_ranks, CheckRef check,
+                           const RankAgreement& agreement) {
   constexpr int kinds = static_cast<int>(ErrorKind::count);
   const long long none = static_cast<long long>(n_ranks) * kinds;
   long long code = none;
@@ -473,5 +501,43 @@ struct SublayerTraits<TensorParallelAttention<T>> {
 };
 
 }  // namespace detail
+
+// The compiled mode of gpt2::mpi (GPT2_ATTENTION_SEPARATE_MPI, from the CMake target): the float
+// and double forwards of a shard, single-sequence and batched, over every cache type, are compiled
+// once, in libgpt2_attention_mpi.a (src/gpt2_attention_mpi.cpp), as sublayer.hpp's are in
+// libgpt2_attention.a (detail/compiled_mode.hpp).
+#if GPT2_ATTENTION_MPI_EXTERN_FORWARDS
+#define GPT2_ATTENTION_TP_FORWARD(T, Cache)                                                     \
+  GPT2_ATTENTION_MPI_EXTERN template void                                                       \
+  detail::forward<T, TensorParallelAttention<T>, Cache>(                                        \
+      const TensorParallelAttention<T>&, const ConstMatrixRef<T>&, Cache&, Workspace<T>&,       \
+      MatrixRef<T>&, MatrixRef<T>*);
+#define GPT2_ATTENTION_TP_BATCH_FORWARD(T, CacheAt)                                             \
+  GPT2_ATTENTION_MPI_EXTERN template void                                                       \
+  detail::batch_forward<T, TensorParallelAttention<T>, CacheAt>(                                \
+      const TensorParallelAttention<T>&, const ConstMatrixRef<T>&, const BatchLayout&,          \
+      const CacheAt&, Workspace<T>&, MatrixRef<T>&);
+GPT2_ATTENTION_TP_FORWARD(float, detail::NoCache)
+GPT2_ATTENTION_TP_FORWARD(float, KVCache<float>)
+GPT2_ATTENTION_TP_FORWARD(float, KVCache<bfloat16>)
+GPT2_ATTENTION_TP_FORWARD(float, PagedSequence<float>)
+GPT2_ATTENTION_TP_FORWARD(float, PagedSequence<bfloat16>)
+GPT2_ATTENTION_TP_FORWARD(double, detail::NoCache)
+GPT2_ATTENTION_TP_FORWARD(double, KVCache<double>)
+GPT2_ATTENTION_TP_FORWARD(double, PagedSequence<double>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::NoCaches)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<KVCache<float>>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<KVCache<bfloat16>>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<PagedSequence<float>>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<PagedSequence<bfloat16>>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::PagedLayers<float>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::PagedLayers<bfloat16>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(double, detail::NoCaches)
+GPT2_ATTENTION_TP_BATCH_FORWARD(double, detail::CacheList<KVCache<double>>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(double, detail::CacheList<PagedSequence<double>>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(double, detail::PagedLayers<double>)
+#undef GPT2_ATTENTION_TP_FORWARD
+#undef GPT2_ATTENTION_TP_BATCH_FORWARD
+#endif
 
 }  // namespace gpt2
