@@ -70,6 +70,12 @@ def timed(cmd, **kw) -> float:
     return time.perf_counter() - t0
 
 
+def has_target(build: Path, target: str) -> bool:
+    """Whether the CMake tree `build` (Ninja) has `target` (gpt2_attention_mpi: only with MPI)."""
+    out = run(["ninja", "-C", str(build), "-t", "targets", "all"])
+    return any(line.split(":")[0] == target for line in out.splitlines())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cxx", default=os.environ.get("CXX", "g++"))

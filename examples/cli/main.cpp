@@ -8,7 +8,7 @@
 //
 // Translation units (compiled side by side; the headers declare what crosses them):
 //   main.cpp                 this file: the command line dispatched, errors reported
-//   run_command.cpp          run: options, float or double, files written (run_compute.hpp)
+//   run_command.cpp          run: options, float or double, files read and written (run_compute.hpp)
 //   run_float.cpp            run's forwards in float (f32, bf16), every path (run_forwards.hpp)
 //   run_double.cpp           run's forwards in double (f64)
 //   checkpoint.cpp           a checkpoint opened and a layer loaded (run and demo)

@@ -121,4 +121,17 @@ void run_in_precision(const RunOptions& o) {
   print_warning(result);
 }
 
+// The reading and writing both runs share (a plain run, run_command.cpp, and each rank of the
+// tensor-parallel run, tensor_parallel_run.cpp) are compiled once, in run_command.cpp.
+#define GPT2_CLI_RUN_IO(EXTERN, T)                                                               \
+  EXTERN template RunInput<T> read_input<T>(const std::string&, Index);                         \
+  EXTERN template std::string non_finite_warning<T>(const std::string&, const RunInput<T>&,      \
+                                                    const std::optional<BatchLayout>&);          \
+  EXTERN template void write_run_result<T>(const RunOptions&, const RunResult<T>&);             \
+  EXTERN template void print_warning<T>(const RunResult<T>&);
+#ifndef GPT2_CLI_RUN_IO_HERE
+GPT2_CLI_RUN_IO(extern, float)
+GPT2_CLI_RUN_IO(extern, double)
+#endif
+
 }  // namespace gpt2::cli
