@@ -47,6 +47,7 @@
 #define GPT2_ATTENTION_MPI_EXTERN extern
 #endif
 #include "gpt2/batch.hpp"
+#include "gpt2/detail/compiled_mode.hpp"
 #include "gpt2/paged_kv_cache.hpp"
 #else
 #define GPT2_ATTENTION_MPI_EXTERN_FORWARDS 0
@@ -507,16 +508,11 @@ struct SublayerTraits<TensorParallelAttention<T>> {
 // once, in libgpt2_attention_mpi.a (src/gpt2_attention_mpi.cpp), as sublayer.hpp's are in
 // libgpt2_attention.a (detail/compiled_mode.hpp).
 #if GPT2_ATTENTION_MPI_EXTERN_FORWARDS
-#define GPT2_ATTENTION_TP_FORWARD(T, Cache)                                                     \
-  GPT2_ATTENTION_MPI_EXTERN template void                                                       \
-  detail::forward<T, TensorParallelAttention<T>, Cache>(                                        \
-      const TensorParallelAttention<T>&, const ConstMatrixRef<T>&, Cache&, Workspace<T>&,       \
-      MatrixRef<T>&, MatrixRef<T>*);
-#define GPT2_ATTENTION_TP_BATCH_FORWARD(T, CacheAt)                                             \
-  GPT2_ATTENTION_MPI_EXTERN template void                                                       \
-  detail::batch_forward<T, TensorParallelAttention<T>, CacheAt>(                                \
-      const TensorParallelAttention<T>&, const ConstMatrixRef<T>&, const BatchLayout&,          \
-      const CacheAt&, Workspace<T>&, MatrixRef<T>&);
+#define GPT2_ATTENTION_TP_FORWARD(T, Cache) \
+  GPT2_ATTENTION_SUBLAYER_FORWARD(GPT2_ATTENTION_MPI_EXTERN, T, TensorParallelAttention<T>, Cache)
+#define GPT2_ATTENTION_TP_BATCH_FORWARD(T, CacheAt)                                          \
+  GPT2_ATTENTION_SUBLAYER_BATCH_FORWARD(GPT2_ATTENTION_MPI_EXTERN, T, TensorParallelAttention<T>, \
+                                        CacheAt)
 GPT2_ATTENTION_TP_FORWARD(float, detail::NoCache)
 GPT2_ATTENTION_TP_FORWARD(float, KVCache<float>)
 GPT2_ATTENTION_TP_FORWARD(float, KVCache<bfloat16>)

@@ -23,21 +23,28 @@
 // and a cache, and of its sublayer-independent body run_forward (which a TensorParallelAttention<T>
 // forward calls too); inside namespace gpt2.
 #define GPT2_ATTENTION_FORWARD(T, Cache)                                                        \
-  GPT2_ATTENTION_EXTERN template void detail::forward<T, AttentionWeights<T>, Cache>(         \
-      const AttentionWeights<T>&, const ConstMatrixRef<T>&, Cache&, Workspace<T>&,              \
-      MatrixRef<T>&, MatrixRef<T>*);                                                            \
+  GPT2_ATTENTION_SUBLAYER_FORWARD(GPT2_ATTENTION_EXTERN, T, AttentionWeights<T>, Cache)         \
   GPT2_ATTENTION_EXTERN template void detail::run_forward<T, Cache>(                            \
       const kernels::Kernels<T>&, const detail::Sublayer<T>&, const ConstMatrixRef<T>&, Cache&,  \
       Index, Workspace<T>&, MatrixRef<T>&, MatrixRef<T>*);
 // The same for the batch forward over AttentionWeights<T> and a named b -> cache (batch.hpp), and
 // its sublayer-independent part run_group.
 #define GPT2_ATTENTION_BATCH_FORWARD(T, CacheAt)                                                \
-  GPT2_ATTENTION_EXTERN template void detail::batch_forward<T, AttentionWeights<T>, CacheAt>(  \
-      const AttentionWeights<T>&, const ConstMatrixRef<T>&, const BatchLayout&, const CacheAt&, \
-      Workspace<T>&, MatrixRef<T>&);                                                            \
+  GPT2_ATTENTION_SUBLAYER_BATCH_FORWARD(GPT2_ATTENTION_EXTERN, T, AttentionWeights<T>, CacheAt) \
   GPT2_ATTENTION_EXTERN template void detail::run_group<T, CacheAt>(                            \
       const kernels::Kernels<T>&, const detail::Sublayer<T>&, const ConstMatrixRef<T>&,          \
       const BatchLayout&, const CacheAt&, Index, Index, Index, Workspace<T>&, MatrixRef<T>&);
 #else
 #define GPT2_ATTENTION_EXTERN_FORWARDS 0
 #endif
+
+// The explicit instantiation (EXTERN: `extern`, or empty where it is defined) of the forward and of
+// the batch forward over sublayer S (AttentionWeights<T> above; TensorParallelAttention<T> in
+// tensor_parallel.hpp, whose compiled mode is gpt2::mpi's); inside namespace gpt2.
+#define GPT2_ATTENTION_SUBLAYER_FORWARD(EXTERN, T, S, Cache)                                    \
+  EXTERN template void detail::forward<T, S, Cache>(const S&, const ConstMatrixRef<T>&, Cache&, \
+                                                    Workspace<T>&, MatrixRef<T>&, MatrixRef<T>*);
+#define GPT2_ATTENTION_SUBLAYER_BATCH_FORWARD(EXTERN, T, S, CacheAt)                            \
+  EXTERN template void detail::batch_forward<T, S, CacheAt>(                                    \
+      const S&, const ConstMatrixRef<T>&, const BatchLayout&, const CacheAt&, Workspace<T>&,     \
+      MatrixRef<T>&);
