@@ -412,8 +412,11 @@ class TensorParallelAttention {
                      .add("the scalar type's size in bytes", static_cast<long long>(sizeof(T)))
                      .add("the weights' values (a checksum of their bits)", sum)
                      .add("the weights' element count", n_elements)
-                     .add("the weights' packing (0 none, 1 float32, 2 bf16)",
-                          !w.is_packed() ? 0 : w.weight_dtype() == WeightDtype::bf16 ? 2 : 1));
+                     .add("the weights' packing (0 none, 1 float32, 2 bf16, 3 int8)",
+                          !w.is_packed()                              ? 0
+                          : w.weight_dtype() == WeightDtype::bf16     ? 2
+                          : w.weight_dtype() == WeightDtype::int8     ? 3
+                                                                      : 1));
     if (n_ranks_ > w.n_head())
       throw ConfigError("tensor parallel: " + std::to_string(n_ranks_) + " ranks but n_head = " +
                         std::to_string(w.n_head()) +
@@ -487,7 +490,7 @@ struct SublayerTraits<TensorParallelAttention<T>> {
                 tp.packed_c_attn_weight(), tp.c_attn_bias().data()};
     s.c_proj = {tp.c_proj_weight().data(), tp.n_embd(), tp.packed_c_proj_weight(),
                 tp.c_proj_bias().data()};
-    s.bf16_products = tp.weight_dtype() == WeightDtype::bf16;
+    s.bf16_products = tp.weight_dtype() != WeightDtype::float32;
     s.shard = true;
     s.probs_name = "probs (this rank's heads)";
     return s;

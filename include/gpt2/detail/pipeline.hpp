@@ -57,7 +57,8 @@ struct Sublayer {
   AttentionConfig heads;
   Index n_embd = 0;
   SublayerWeight<T> c_attn, c_proj;
-  bool bf16_products = false;  // bf16 weights: the attention core's products in bf16 too
+  bool bf16_products = false;  // bf16 or int8 weights: the attention core's products in bf16 too
+                               // (at the levels that have bf16 products)
   bool shard = false;  // one rank's heads: errors name the shard
   const char* probs_name = "probs";
 };
@@ -97,7 +98,7 @@ struct SublayerTraits<AttentionWeights<T>> {
                 w.c_attn_bias().data()};
     s.c_proj = {w.c_proj_weight().data(), w.n_embd(), w.packed_c_proj_weight(),
                 w.c_proj_bias().data()};
-    s.bf16_products = w.weight_dtype() == WeightDtype::bf16;
+    s.bf16_products = w.weight_dtype() != WeightDtype::float32;
     return s;
   }
   template <class F>
@@ -144,8 +145,10 @@ template <class T>
 void reserve_for(const Sublayer<T>& s, Index rows, Index max_keys, Workspace<T>& ws) {
   ws.reserve(rows, std::max(max_keys, rows));
   const Index C = s.n_embd, Ch = s.heads.n_embd;
+  const bool int8 = s.c_attn.packed != nullptr && s.c_attn.packed->dtype() == WeightDtype::int8;
   for (ThreadScratch<T>& t : ws.threads) {
     t.gemm.reserve(std::max<Index>(rows, 1), std::max(3 * Ch, C), std::max(C, Ch));
+    if (int8) t.gemm.reserve_int8(rows, std::max(C, Ch));
     t.attention.set_bf16_products(s.bf16_products);
     t.attention.reserve_tile(s.heads.head_dim());
   }

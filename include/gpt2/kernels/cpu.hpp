@@ -52,6 +52,7 @@ struct CpuFeatures {
   bool avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512_bf16 = false;
+  bool avx512_vnni = false, avx_vnni = false;  // VPDPBUSD on zmm (AVX512-VNNI), on ymm (AVX-VNNI)
   bool amx_bf16 = false, amx_tile = false;
   bool os_ymm = false, os_zmm = false, os_amx = false;  // XCR0: the OS saves these states
   std::string vendor;                                  // "GenuineIntel", "AuthenticAMD", ...
@@ -72,6 +73,8 @@ struct CpuFeatures {
     add(avx512dq, "avx512dq");
     add(avx512vl, "avx512vl");
     add(avx512_bf16, "avx512_bf16");
+    add(avx512_vnni, "avx512_vnni");
+    add(avx_vnni, "avx_vnni");
 #ifdef GPT2_ATTENTION_AMX_EMULATED
     add(amx_bf16, "amx_bf16(emulated)");
     add(amx_tile, "amx_tile(emulated)");
@@ -124,12 +127,14 @@ inline CpuFeatures detect_cpu_features() {
   f.avx512dq = ((b >> 17) & 1u) && f.os_zmm;
   f.avx512bw = ((b >> 30) & 1u) && f.os_zmm;
   f.avx512vl = ((b >> 31) & 1u) && f.os_zmm;
+  f.avx512_vnni = ((c >> 11) & 1u) && f.os_zmm;
   f.amx_bf16 = ((d >> 22) & 1u) && f.os_amx;
   f.amx_tile = ((d >> 24) & 1u) && f.os_amx;
   const unsigned max_subleaf = a;
   if (max_subleaf >= 1) {
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512_bf16 = ((a >> 5) & 1u) && f.os_zmm;
+    f.avx_vnni = ((a >> 4) & 1u) && f.os_ymm;
   }
 #endif
 #ifdef GPT2_ATTENTION_AMX_EMULATED  // tests only: tests/support/amx_emulation.hpp runs the tiles

@@ -7,10 +7,12 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <new>
 #include <type_traits>
 
+#include "gpt2/kernels/int8.hpp"
 #include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
 
@@ -58,9 +60,23 @@ class GemmScratch {
   // Precondition: the scratch has been reserved (fits() for some size).
   Blocking& blocking() { return *blocking_; }
 
+  // Grows the buffer of int8 products' quantized rows (kernels/int8.hpp) to fit products with
+  // rows rows (at most kInt8ChunkRows count) of depth K; allocates only when it grows.
+  void reserve_int8(Index rows, Index K) {
+    const Index need = std::min(std::max<Index>(rows, 1), kernels::kInt8ChunkRows) *
+                       kernels::int8_row_bytes(K);
+    if (need <= int8_bytes_) return;
+    int8_.reset(static_cast<std::uint8_t*>(
+        ::operator new(static_cast<std::size_t>(need), std::align_val_t(64))));
+    int8_bytes_ = need;
+  }
+  // That buffer (null until reserve_int8).
+  std::uint8_t* int8_rows() { return int8_.get(); }
+
   // Bytes of the packing buffers held.
   Index bytes() const {
-    const Index packed = packed_b_ ? kernels::kPackFloats * static_cast<Index>(sizeof(T)) : 0;
+    const Index packed = (packed_b_ ? kernels::kPackFloats * static_cast<Index>(sizeof(T)) : 0) +
+                         int8_bytes_;
     if (!blocking_) return packed;
     Blocking& b = *blocking_;
     return packed + (b.mc() * b.kc() + b.kc() * b.nc()) * static_cast<Index>(sizeof(T));
@@ -84,7 +100,10 @@ class GemmScratch {
 
   struct AlignedDelete {
     void operator()(T* p) const { ::operator delete(p, std::align_val_t(64)); }
+    void operator()(std::uint8_t* p) const { ::operator delete(p, std::align_val_t(64)); }
   };
+  std::unique_ptr<std::uint8_t, AlignedDelete> int8_;  // reserve_int8
+  Index int8_bytes_ = 0;
   std::unique_ptr<Blocking> blocking_;
   std::unique_ptr<T, AlignedDelete> packed_b_;  // 64-byte aligned (the vector levels' stores)
   Index max_m_ = 0, max_n_ = 0, max_k_ = 0;

@@ -306,8 +306,9 @@ void gemm_plain(Index M, Index N, Index K, const T* A, Index lda, const T* B, In
   gemm_entry<T>(Op::None, T(1), M, N, K, A, lda, B, ldb, C, ldc, scratch);
 }
 
-// C = bias + A B_j0 (Projection): a bf16 copy widened panel by panel, else Eigen's GEMM on the
-// view (the float32 copy's bits are the vector levels' own).
+// C = bias + A B_j0 (Projection): an int8 copy by the scheme's plain C++ (kernels/int8.hpp: the
+// bits of every level), a bf16 copy widened panel by panel, else Eigen's GEMM on the view (the
+// float32 copy's bits are the vector levels' own).
 template <class T>
 void project(const Projection<T>& p, GemmScratch<T>& scratch) {
   if (p.M == 0 || p.N == 0) return;
@@ -315,6 +316,12 @@ void project(const Projection<T>& p, GemmScratch<T>& scratch) {
   if (p.bias != nullptr) C.rowwise() = Eigen::Map<const RowVector<T>>(p.bias, p.N);
   if (p.K == 0) return;
   if constexpr (std::is_same<T, float>::value) {
+    if (p.packed != nullptr && p.packed->dtype() == WeightDtype::int8) {
+      scratch.reserve_int8(p.M, p.K);
+      gemm_int8_scalar(p.M, p.N, p.K, p.A, p.lda, p.packed->int8_panels_from(p.j0), p.C, p.ldc,
+                       nullptr, scratch.int8_rows());
+      return;
+    }
     if (p.packed != nullptr && p.packed->dtype() == WeightDtype::bf16) {
       const Index depth_block = std::min<Index>(bf16_depth(p.K), kPackFloats / kBf16PanelCols);
       scratch.reserve(p.M, kBf16PanelCols, depth_block);

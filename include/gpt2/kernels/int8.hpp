@@ -26,8 +26,10 @@
 // unsigned; the activations are the signed one, and sum_k qa (qw + 128) - 128 sum_k qa = d).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "gpt2/types.hpp"
 
@@ -124,6 +126,54 @@ inline void quantize_rows(Index rows, Index K, const float* A, Index lda, const 
       for (Index k = n; k < kInt8Block; ++k) q[k0 + k] = 0;
       r.scale[i * r.nb + b] = s;
       r.corr[i * r.nb + b] = -kInt8Offset * sum;
+    }
+  }
+}
+
+// Rows of A quantized at a time (the scratch a projection needs: kInt8ChunkRows rows of
+// int8_row_bytes(K) bytes).
+inline constexpr Index kInt8ChunkRows = 96;
+
+// c[0, cols) of row i of the quantized rows r times one int8 panel (nb blocks): the scheme's
+// arithmetic in plain C++ (the reference for the vector kernels): c = bias + ..., or c += ...
+// without a bias.
+inline void int8_row_panel(const Int8Rows& r, Index i, const std::uint8_t* panel, Index cols,
+                           float* c, const float* bias) {
+  float acc[kInt8PanelCols];
+  for (Index j = 0; j < cols; ++j) acc[j] = bias != nullptr ? bias[j] : c[j];
+  const std::int8_t* a = r.q + i * r.Kp;
+  for (Index b = 0; b < r.nb; ++b, a += kInt8Block) {
+    const std::uint8_t* block = panel + b * kInt8BlockBytes;
+    std::int32_t d[kInt8PanelCols];
+    for (Index j = 0; j < kInt8PanelCols; ++j) d[j] = r.corr[i * r.nb + b];
+    for (Index g = 0; g < kInt8Block / 4; ++g)
+      for (Index j = 0; j < kInt8PanelCols; ++j)
+        for (Index t = 0; t < 4; ++t) d[j] += a[4 * g + t] * block[g * 128 + j * 4 + t];
+    float sw[kInt8PanelCols];
+    std::memcpy(sw, block + kInt8WeightBytes, sizeof sw);
+    const float sa = r.scale[i * r.nb + b];
+    for (Index j = 0; j < cols; ++j) acc[j] = std::fma(static_cast<float>(d[j]), sa * sw[j], acc[j]);
+  }
+  std::copy_n(acc, cols, c);
+}
+
+// C[M, N] = bias + A[M, K] B (or C += A B without a bias), B int8-packed from its first panel
+// (Bp: PackedMatrix::int8_panels_from), in plain C++: A's rows quantized kInt8ChunkRows at a time
+// into buf (int8_row_bytes(K) * min(M, kInt8ChunkRows) bytes, 4-byte aligned).
+inline void gemm_int8_scalar(Index M, Index N, Index K, const float* A, Index lda,
+                             const std::uint8_t* Bp, float* C, Index ldc, const float* bias,
+                             void* buf) {
+  const Index nb = int8_blocks(K);
+  for (Index i0 = 0; i0 < M; i0 += kInt8ChunkRows) {
+    const Index rows = std::min(kInt8ChunkRows, M - i0);
+    const Int8Rows r = int8_rows_in(buf, rows, K);
+    quantize_rows(rows, K, A + i0 * lda, lda, r);
+    for (Index j0 = 0; j0 < N; j0 += kInt8PanelCols) {
+      const std::uint8_t* panel = Bp + (j0 / kInt8PanelCols) * nb * kInt8BlockBytes;
+      const Index cols = std::min(kInt8PanelCols, N - j0);
+      for (Index i = 0; i < rows; ++i)
+        int8_row_panel(r, i, panel, cols, C + (i0 + i) * ldc + j0,
+                       bias != nullptr ? bias + j0 : nullptr);
     }
   }
 }

@@ -30,6 +30,7 @@
 #include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/kernels/avx512_bf16.hpp"
 #include "gpt2/kernels/avx512_bf16_attention.hpp"
+#include "gpt2/kernels/avx512_vnni.hpp"
 #include "gpt2/kernels/pack.hpp"
 
 namespace gpt2::kernels {
@@ -44,17 +45,38 @@ using GemmBf16 = void (*)(Index M, Index N, Index K, const float* A, Index lda,
                           const std::uint16_t* Bp, Index Kp, float* C, Index ldc, float* scratch,
                           const float* bias);
 
-// A vector level's projection: a bf16 copy through its bf16 product (the bias in its kernel), a
-// float32 copy through gemm_packed, the view through gemm (B packed per call); the bias written
-// into C first for the float32 products.
-template <Gemm G, GemmPacked GP, GemmBf16 GB>
+using GemmInt8 = void (*)(Index M, Index N, Index K, const float* A, Index lda,
+                          const std::uint8_t* Bp, float* C, Index ldc, const float* bias,
+                          void* buf);
+
+// The int8 product a level runs: VPDPBUSD where the level has AVX-512 and the CPU AVX512-VNNI,
+// else the plain C++ (the same bits either way: kernels/int8.hpp).
+inline GemmInt8 int8_product(Isa isa) {
+#if GPT2_KERNELS_HAVE_AVX512
+  if (isa != Isa::avx2 && isa != Isa::generic && cpu_features().avx512_vnni)
+    return avx512_vnni::gemm_int8;
+#endif
+  (void)isa;
+  return gemm_int8_scalar;
+}
+
+// A vector level's projection: an int8 copy through its int8 product, a bf16 copy through its
+// bf16 product (the bias in both kernels), a float32 copy through gemm_packed, the view through
+// gemm (B packed per call); the bias written into C first for the float32 products.
+template <Gemm G, GemmPacked GP, GemmBf16 GB, Isa kLevel>
 void project(const Projection<float>& p, GemmScratch<float>& scratch) {
   if (p.M == 0 || p.N == 0) return;
   const bool bf16 = p.packed != nullptr && p.packed->dtype() == WeightDtype::bf16;
-  if (p.bias != nullptr && (!bf16 || p.K == 0))
+  const bool int8 = p.packed != nullptr && p.packed->dtype() == WeightDtype::int8;
+  if (p.bias != nullptr && ((!bf16 && !int8) || p.K == 0))
     for (Index i = 0; i < p.M; ++i) std::copy_n(p.bias, p.N, p.C + i * p.ldc);
   if (p.K == 0) return;
-  if (bf16)
+  if (int8) {
+    static const GemmInt8 product = int8_product(kLevel);
+    scratch.reserve_int8(p.M, p.K);
+    product(p.M, p.N, p.K, p.A, p.lda, p.packed->int8_panels_from(p.j0), p.C, p.ldc, p.bias,
+            scratch.int8_rows());
+  } else if (bf16)
     GB(p.M, p.N, p.K, p.A, p.lda, p.packed->bf16_panels_from(p.j0), p.packed->depth(), p.C, p.ldc,
        scratch.packed_b(), p.bias);
   else if (p.packed != nullptr)
@@ -106,7 +128,7 @@ inline const Kernels<float>& vector_table(Isa isa) {
   using vector_level::project;
 #if GPT2_KERNELS_HAVE_AVX2
   static const Kernels<float> avx2_table = make_table(
-      Isa::avx2, project<avx2::gemm, avx2::gemm_packed, avx2::gemm_bf16>,
+      Isa::avx2, project<avx2::gemm, avx2::gemm_packed, avx2::gemm_bf16, Isa::avx2>,
       vector_level::gemm<avx2::gemm>, avx2::row_times_transposed, avx2::softmax_row,
       avx2::attention_tile, avx2::row_partials, avx2::merge_row_partials);
   if (isa == Isa::avx2) return avx2_table;
@@ -115,12 +137,12 @@ inline const Kernels<float>& vector_table(Isa isa) {
   // avx512_bf16 and amx run avx512's float32 kernels; they differ in their bf16 products and in
   // the attention of bf16 tiles (bf16 weights).
   static const Kernels<float> avx512_table = make_table(
-      Isa::avx512, project<avx512::gemm, avx512::gemm_packed, avx512::gemm_bf16>,
+      Isa::avx512, project<avx512::gemm, avx512::gemm_packed, avx512::gemm_bf16, Isa::avx512>,
       vector_level::gemm<avx512::gemm>, avx512::row_times_transposed, avx512::softmax_row,
       avx512::attention_tile, avx512::row_partials, avx512::merge_row_partials);
   if (isa == Isa::avx512) return avx512_table;
   static const Kernels<float> avx512_bf16_table = make_table(
-      Isa::avx512_bf16, project<avx512::gemm, avx512::gemm_packed, avx512_bf16::gemm_bf16>,
+      Isa::avx512_bf16, project<avx512::gemm, avx512::gemm_packed, avx512_bf16::gemm_bf16, Isa::avx512_bf16>,
       vector_level::gemm<avx512::gemm>, avx512::row_times_transposed, avx512::softmax_row,
       avx512_bf16::attention_tile, avx512_bf16::row_partials, avx512::merge_row_partials);
   if (isa == Isa::avx512_bf16) return avx512_bf16_table;
@@ -128,7 +150,7 @@ inline const Kernels<float>& vector_table(Isa isa) {
 #if GPT2_KERNELS_HAVE_AMX
   static const Kernels<float> amx_table = [] {
     Kernels<float> k = make_table(
-        Isa::amx, project<avx512::gemm, avx512::gemm_packed, amx::gemm_bf16>,
+        Isa::amx, project<avx512::gemm, avx512::gemm_packed, amx::gemm_bf16, Isa::amx>,
         vector_level::gemm<avx512::gemm>, avx512::row_times_transposed, avx512::softmax_row,
         amx::attention_tile, avx512::row_partials, avx512::merge_row_partials);
     k.tile_rows = amx::tile_rows;
