@@ -74,6 +74,12 @@ const gpt2::AttentionWeights<float>& bf16_model() {
   return w;
 }
 
+// The same weights packed in int8 (pack_weights(w, WeightDtype::int8)).
+const gpt2::AttentionWeights<float>& int8_model() {
+  static const gpt2::AttentionWeights<float> w = pack_weights(model().weights(), gpt2::WeightDtype::int8);
+  return w;
+}
+
 RowMatrix<float> input(Index T) {
   std::srand(2);
   return RowMatrix<float>::Random(T, kC);
@@ -142,6 +148,7 @@ void run_prefill(benchmark::State& state, const gpt2::AttentionWeights<float>& w
 }
 void prefill(benchmark::State& state) { run_prefill(state, packed_model()); }
 void prefill_bf16(benchmark::State& state) { run_prefill(state, bf16_model()); }
+void prefill_int8(benchmark::State& state) { run_prefill(state, int8_model()); }
 
 // One decode step: one new token attending to `past` cached positions plus itself. The cache is
 // truncated back to `past` after each step, so every iteration does the same work.
@@ -166,6 +173,7 @@ void run_decode(benchmark::State& state, const gpt2::AttentionWeights<float>& w)
 }
 void decode(benchmark::State& state) { run_decode(state, packed_model()); }
 void decode_bf16(benchmark::State& state) { run_decode(state, bf16_model()); }
+void decode_int8(benchmark::State& state) { run_decode(state, int8_model()); }
 
 // One batched decode step of B sequences, each with its own cache of `past` positions (one layer,
 // the same weights every step): one new token per sequence through the cached batched forward.
@@ -411,6 +419,7 @@ void run_stage_qkv(benchmark::State& state, const gpt2::AttentionWeights<float>&
 }
 void stage_qkv(benchmark::State& state) { run_stage_qkv(state, packed_model()); }
 void stage_qkv_bf16(benchmark::State& state) { run_stage_qkv(state, bf16_model()); }
+void stage_qkv_int8(benchmark::State& state) { run_stage_qkv(state, int8_model()); }
 
 void stage_attention(benchmark::State& state) {
   if (!use_threads(state)) return;
@@ -596,6 +605,8 @@ const std::vector<int64_t> kTokens = {64, 256, 1024};
 
 BENCHMARK(prefill)->Name("prefill")->ArgsProduct({kPrefillTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(prefill_bf16)->Name("prefill_bf16")->ArgsProduct({{64, 256, 1024, 2048}, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
+BENCHMARK(prefill_int8)->Name("prefill_int8")->ArgsProduct({{64, 256, 1024}, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
+BENCHMARK(decode_int8)->Name("decode_int8")->ArgsProduct({{0, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_bf16)->Name("decode_bf16")->ArgsProduct({{0, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_model_bf16)->Name("decode_model_bf16")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_model_bf16_f32cache)->Name("decode_model_bf16_f32cache")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
@@ -608,6 +619,7 @@ BENCHMARK(decode_model)->Name("decode_model")->ArgsProduct({{1023}, kThreads})->
 BENCHMARK(baseline_eigen)->Name("baseline_eigen")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(baseline_eigen_decode)->Name("baseline_eigen_decode")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(stage_qkv_bf16)->Name("stage_qkv_bf16")->ArgsProduct({{64, 1024}, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
+BENCHMARK(stage_qkv_int8)->Name("stage_qkv_int8")->ArgsProduct({{64, 1024}, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(stage_qkv)->Name("stage_qkv")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(stage_attention)->Name("stage_attention")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(stage_proj)->Name("stage_proj")->ArgsProduct({kTokens, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);

@@ -5,8 +5,8 @@
 //   --weights F:   layer L of a checkpoint on x = ln_1(wpe[:T]) [T, C] (position-only input)
 //
 // Per head: the statistics and job of head_analysis.hpp; then the median forward time and GFLOP/s.
-// --dtype bf16: everything as in float32 with c_attn.weight and c_proj.weight packed in bf16
-// (packed_weights.hpp); the timing line then names the weight dtype too.
+// --dtype bf16|int8: everything as in float32 with c_attn.weight and c_proj.weight packed in bf16
+// or int8 (packed_weights.hpp); the timing line then names the weight dtype too.
 // --png FILE.png [--png-scale linear|sqrt]: the heads' [T, T] maps as one picture
 // (attention_picture.hpp), written (all or
 // nothing, output_files.hpp) before the report is printed: a picture that cannot be written is an
@@ -46,16 +46,17 @@ struct DemoOptions {
   Index n_head = 0;  // 0: n_embd / 64
   std::string png;   // empty: no picture
   ColourScale png_scale = ColourScale::linear;
-  WeightDtype weights_dtype = WeightDtype::float32;  // --dtype f32|bf16
+  WeightDtype weights_dtype = WeightDtype::float32;  // --dtype f32|bf16|int8
 };
 
-// demo --dtype f32|bf16 (default f32): the dtype of the packed weights; the demo computes in
+// demo --dtype f32|bf16|int8 (default f32): the dtype of the packed weights; the demo computes in
 // float32 (no f64). UsageError naming the accepted values for another one.
 inline WeightDtype parse_demo_dtype(const Flags& flags) {
   const std::string dtype = flags.text_or("dtype", "f32");
   if (dtype == "f32") return WeightDtype::float32;
   if (dtype == "bf16") return WeightDtype::bf16;
-  throw UsageError("--dtype: expected f32 or bf16 (demo computes in float32), got '" +
+  if (dtype == "int8") return WeightDtype::int8;
+  throw UsageError("--dtype: expected f32, bf16 or int8 (demo computes in float32), got '" +
                    Flags::echoed_value(dtype) + "'");
 }
 

@@ -8,7 +8,8 @@
 //                                  N: batched decode through one KV cache per sequence (batch_run.hpp)
 //                                  --share-prefix N: the common first N rows once, in a paged KV
 //                                  cache, every sequence forked from them (shared_prefix_run.hpp)
-//   --dtype f32|f64|bf16: float32, float64, or float32 with bf16 weights (packed_weights.hpp)
+//   --dtype f32|f64|bf16|int8: float32, float64, or float32 with bf16 or int8 weights
+//                        (packed_weights.hpp)
 //   --png FILE.png: the probabilities as a picture (attention_picture.hpp): one tile per head, or
 //                   per sequence and head for a batch (sequences stacked top to bottom)
 //
@@ -46,13 +47,16 @@ inline const std::vector<std::string> kRunSwitches = {"tensor-parallel"};
 // Whether this build can run --tensor-parallel (it was built with gpt2::mpi).
 inline constexpr bool kHasTensorParallel = GPT2_CLI_TENSOR_PARALLEL;
 
-// --dtype: what run computes in. bf16 is float32 with c_attn.weight and c_proj.weight packed in
-// bfloat16 (packed_weights.hpp): float32 .npy in and out, as f32.
-enum class Precision { f32, f64, bf16 };
+// --dtype: what run computes in. bf16 and int8 are float32 with c_attn.weight and c_proj.weight
+// packed in bfloat16 or int8 (packed_weights.hpp; int8: docs/int8.md): float32 .npy in and out,
+// as f32.
+enum class Precision { f32, f64, bf16, int8 };
 
 // The dtype the weights are packed in for precision p.
 inline WeightDtype weight_dtype(Precision p) {
-  return p == Precision::bf16 ? WeightDtype::bf16 : WeightDtype::float32;
+  return p == Precision::bf16   ? WeightDtype::bf16
+         : p == Precision::int8 ? WeightDtype::int8
+                                : WeightDtype::float32;
 }
 
 // What `run` was asked to do, checked as far as the command line alone allows.
@@ -71,13 +75,15 @@ struct RunOptions {
   bool kv_bf16 = false;  // --kv-cache bf16: --prefill's caches hold keys and values in bf16
 };
 
-// --dtype f32|f64|bf16 (default f32); UsageError naming the accepted values for another one.
+// --dtype f32|f64|bf16|int8 (default f32); UsageError naming the accepted values for another one.
 inline Precision parse_precision(const Flags& flags) {
   const std::string dtype = flags.text_or("dtype", "f32");
   if (dtype == "f32") return Precision::f32;
   if (dtype == "f64") return Precision::f64;
   if (dtype == "bf16") return Precision::bf16;
-  throw UsageError("--dtype: expected f32, f64 or bf16, got '" + Flags::echoed_value(dtype) + "'");
+  if (dtype == "int8") return Precision::int8;
+  throw UsageError("--dtype: expected f32, f64, bf16 or int8, got '" + Flags::echoed_value(dtype) +
+                   "'");
 }
 
 // --png-scale linear|sqrt (default linear); UsageError for another value or without --png.
