@@ -634,6 +634,46 @@ TEST_F(CliTest, RunBf16PrefillMatchesThePlainRun) {
   }
 }
 
+// run --dtype int8 (docs/int8.md) at every level: Y within kInt8Tol of the f32 run and not equal
+// to it, P rows causal and summing to 1; and --prefill N gives the same bytes (Y and P) at every
+// level but generic (whose attention orders its sums by shape), as bf16 does.
+constexpr double kInt8Tol = 2e-2;
+TEST_F(CliTest, RunInt8IsCloseToFloat32AndPrefillMatches) {
+  for (const std::string& level : available_levels()) {
+    const std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "x.npy",
+                                           "--n-head", "4"};
+    std::vector<std::string> f32 = args, int8 = args;
+    f32.insert(f32.end(), {"--output", "y.npy"});
+    int8.insert(int8.end(), {"--output", "y8.npy", "--probs", "p8.npy", "--dtype", "int8"});
+    ASSERT_EQ(cli_at(level, f32).status, 0);
+    ASSERT_EQ(cli_at(level, int8).status, 0);
+    const RowMatrix<double> y = read_matrix_as_double(file("y.npy"), "f32", {kT, kC});
+    const RowMatrix<double> y8 = read_matrix_as_double(file("y8.npy"), "f32", {kT, kC});
+    const RowMatrix<double> p8 = read_matrix_as_double(file("p8.npy"), "f32", {kHeads, kT, kT});
+    const double err = relative_max_error(y8, y);
+    std::printf("(--dtype int8 at %s: max |Y - Y_f32| / max |Y_f32| = %.2e)\n", level.c_str(), err);
+    EXPECT_LE(err, kInt8Tol) << level;
+    EXPECT_NE(read_text(file("y8.npy")), read_text(file("y.npy"))) << "int8 gave the f32 bytes";
+    for (Index row = 0; row < p8.rows(); ++row) {
+      EXPECT_NEAR(p8.row(row).sum(), 1.0, 1e-5) << "row " << row;
+      for (Index t = row % kT + 1; t < kT; ++t) EXPECT_EQ(p8(row, t), 0.0) << "row " << row << " key " << t;
+    }
+    for (const Index n : {Index{0}, Index{1}, Index{4}, kT}) {
+      SCOPED_TRACE("GPT2_ATTENTION_ISA=" + level + " --dtype int8 --prefill " + std::to_string(n));
+      std::vector<std::string> prefill = args;
+      prefill.insert(prefill.end(), {"--output", "yc.npy", "--probs", "pc.npy", "--dtype", "int8",
+                                     "--prefill", std::to_string(n)});
+      EXPECT_SUCCESS(cli_at(level, prefill));
+      if (n >= kT || level != "generic") {
+        EXPECT_EQ(read_text(file("yc.npy")), read_text(file("y8.npy")));
+        EXPECT_EQ(read_text(file("pc.npy")), read_text(file("p8.npy")));
+      } else {
+        EXPECT_TRUE(gpt2::test::near(read_matrix_as_double(file("yc.npy"), "f32", {kT, kC}), y8, kFloatTol));
+      }
+    }
+  }
+}
+
 // run --prefill N --kv-cache bf16: the caches hold keys and values in bf16. Y (and P) are the
 // same bytes for every N at the vector levels (within the file's tolerance at generic), they are
 // the library's forward through a KVCacheBF16, and they differ from the f32 cache's by the
@@ -1593,8 +1633,8 @@ TEST_F(CliTest, HelpPrintsUsageToStdout) {
                                    "With B = 0,\n                   leave --lengths and --starts out",
                                    "B = 0 or T = 0 gives empty outputs", "fails at once (out of memory)",
                                    "--png FILE.png", "--png-scale linear|sqrt", "keys after the query grey",
-                                   "[--dtype f32|f64|bf16]", "[--dtype f32|bf16]", "--dtype f32|f64|bf16  ",
-                                   "', weights: bf16'"})
+                                   "[--dtype f32|f64|bf16|int8]", "[--dtype f32|bf16|int8]",
+                                   "--dtype f32|f64|bf16|int8  ", "', weights: bf16'", "', weights: int8'"})
       EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
     EXPECT_EQ(r.err, "");
   }
@@ -1669,7 +1709,7 @@ TEST_F(CliTest, DemoPrintsTheKernelLevelBesideItsTiming) {
   }
 }
 
-// demo --dtype bf16 at every level: the timing line names the level and the weights' dtype; with
+// demo --dtype bf16 (and int8) at every level: the timing line names the level and the weights' dtype; with
 // --dtype f32 (the default spelled out) it is the float32 line, without it.
 TEST_F(CliTest, DemoBf16ReportsItsWeightDtype) {
   for (const std::string& level : available_levels()) {
@@ -1677,6 +1717,9 @@ TEST_F(CliTest, DemoBf16ReportsItsWeightDtype) {
     const CliResult r = cli_at(level, {"demo", "--tokens", "8", "--dtype", "bf16"});
     EXPECT_SUCCESS(r);
     EXPECT_NE(r.out.find("GFLOP/s, kernels: " + level + ", weights: bf16\n"), std::string::npos) << r.out;
+    const CliResult r8 = cli_at(level, {"demo", "--tokens", "8", "--dtype", "int8"});
+    EXPECT_SUCCESS(r8);
+    EXPECT_NE(r8.out.find("GFLOP/s, kernels: " + level + ", weights: int8\n"), std::string::npos) << r8.out;
     const CliResult f32 = cli_at(level, {"demo", "--tokens", "8", "--dtype", "f32"});
     EXPECT_SUCCESS(f32);
     EXPECT_NE(f32.out.find("GFLOP/s, kernels: " + level + "\n"), std::string::npos) << f32.out;
@@ -1753,9 +1796,9 @@ std::vector<BadCase> bad_cases() {
       {run({{"--layer", "-1"}}), 2, {"--layer", "-1"}},
       {run({{"--n-head", "0"}}), 2, {"--n-head", "0"}},
       {run({{"--n-head", "2.5"}}), 2, {"--n-head", "2.5"}},
-      {run({{"--dtype", "f16"}}), 2, {"--dtype: expected f32, f64 or bf16, got 'f16'"}},
-      {run({{"--dtype", "BF16"}}), 2, {"--dtype: expected f32, f64 or bf16, got 'BF16'"}},
-      {{"demo", "--dtype", "f64"}, 2, {"--dtype: expected f32 or bf16 (demo computes in float32), got 'f64'"}},
+      {run({{"--dtype", "f16"}}), 2, {"--dtype: expected f32, f64, bf16 or int8, got 'f16'"}},
+      {run({{"--dtype", "BF16"}}), 2, {"--dtype: expected f32, f64, bf16 or int8, got 'BF16'"}},
+      {{"demo", "--dtype", "f64"}, 2, {"--dtype: expected f32, bf16 or int8 (demo computes in float32), got 'f64'"}},
       {{"demo", "--dtype", "bf"}, 2, {"--dtype", "f32 or bf16", "'bf'"}},
       {{"run", "stray", "--weights", "w.safetensors"}, 2, {"unexpected argument", "stray"}},
       {run({{"--probs", "Y.npy"}}), 2, {"--output", "--probs", "same file"}},
