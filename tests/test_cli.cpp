@@ -1799,7 +1799,7 @@ std::vector<BadCase> bad_cases() {
       {run({{"--dtype", "f16"}}), 2, {"--dtype: expected f32, f64, bf16 or int8, got 'f16'"}},
       {run({{"--dtype", "BF16"}}), 2, {"--dtype: expected f32, f64, bf16 or int8, got 'BF16'"}},
       {{"demo", "--dtype", "f64"}, 2, {"--dtype: expected f32, bf16 or int8 (demo computes in float32), got 'f64'"}},
-      {{"demo", "--dtype", "bf"}, 2, {"--dtype", "f32 or bf16", "'bf'"}},
+      {{"demo", "--dtype", "bf"}, 2, {"--dtype", "f32, bf16 or int8", "'bf'"}},
       {{"run", "stray", "--weights", "w.safetensors"}, 2, {"unexpected argument", "stray"}},
       {run({{"--probs", "Y.npy"}}), 2, {"--output", "--probs", "same file"}},
       {run({{"--probs", "./Y.npy"}}), 2, {"--output 'Y.npy' and --probs './Y.npy' name the same file"}},
