@@ -26,6 +26,7 @@
 #include "gpt2/kernels/avx2.hpp"
 #include "gpt2/kernels/avx2_attention.hpp"
 #include "gpt2/kernels/avx2_bf16.hpp"
+#include "gpt2/kernels/avx2_int8.hpp"
 #include "gpt2/kernels/avx512.hpp"
 #include "gpt2/kernels/avx512_attention.hpp"
 #include "gpt2/kernels/avx512_bf16.hpp"
@@ -49,12 +50,16 @@ using GemmInt8 = void (*)(Index M, Index N, Index K, const float* A, Index lda,
                           const std::uint8_t* Bp, float* C, Index ldc, const float* bias,
                           void* buf);
 
-// The int8 product a level runs: VPDPBUSD where the level has AVX-512 and the CPU AVX512-VNNI,
-// else the plain C++ (the same bits either way: kernels/int8.hpp).
+// The int8 product a level runs (the same bits at every level: kernels/int8.hpp): VPDPBUSD on zmm
+// where the level has AVX-512 and the CPU AVX512-VNNI; else the avx2 level's (VPDPBUSD on ymm
+// with AVX-VNNI, or VPMADDUBSW).
 inline GemmInt8 int8_product(Isa isa) {
 #if GPT2_KERNELS_HAVE_AVX512
   if (isa != Isa::avx2 && isa != Isa::generic && cpu_features().avx512_vnni)
     return avx512_vnni::gemm_int8;
+#endif
+#if GPT2_KERNELS_HAVE_AVX2
+  if (isa != Isa::generic) return avx2_int8::gemm_int8;
 #endif
   (void)isa;
   return gemm_int8_scalar;
