@@ -151,10 +151,10 @@ TEST(KVCacheInt8, QuantizesEachHeadRowAsOneBlock) {
   const gpt2::AttentionConfig config{96, 3};  // head_dim 32
   KVCacheInt8 cache(config, 10);
   gpt2::KVCache<float> float_cache(config, 10);
-  // int8 rows and a scale per (position, head) for keys and values; the float cache keeps its
-  // keys twice (rows and transposed blocks of 64 positions)
-  EXPECT_EQ(cache.bytes(), 2 * 3 * 10 * 32 + 2 * 3 * 10 * 4);
+  // both keep their keys twice (rows and transposed blocks of 64 positions); int8 a quarter of the
+  // bytes plus a scale per (position, head) for keys and values (to the end of the key block)
   EXPECT_EQ(float_cache.bytes(), (2 * 3 * 10 * 32 + 3 * 64 * 32) * 4);
+  EXPECT_EQ(cache.bytes(), float_cache.bytes() / 4 + 2 * 3 * 64 * 4);
   RowMatrix<float> k = random_input<float>(4, 96, 1) * 3.0f, v = random_input<float>(4, 96, 2);
   k.block(1, 32, 1, 32).setZero();  // an all-zero row: scale 0, q 0
   cache.append(k, v);
@@ -318,7 +318,11 @@ TEST_P(KVCacheInt8Forward, EveryChunkingIsTheDequantizedKVForward) {
     }
     if (!projections_row_exact()) continue;
     EXPECT_TRUE(bitwise(out, first_out)) << "decode != prefill";
+    const Index n = (c.N + 63) / 64 * 64 * (c.C / c.n_head);
     for (Index h = 0; h < c.n_head; ++h) {
+      EXPECT_TRUE(std::equal(cache.transposed_key_blocks(h), cache.transposed_key_blocks(h) + n,
+                             first.transposed_key_blocks(h)))
+          << "head " << h;
       EXPECT_TRUE(cache.keys(h) == first.keys(h)) << "head " << h;
       EXPECT_TRUE(cache.key_scales(h) == first.key_scales(h)) << "head " << h;
       EXPECT_TRUE(cache.values(h) == first.values(h)) << "head " << h;

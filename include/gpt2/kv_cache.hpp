@@ -38,8 +38,8 @@
 // chunking of a sequence gives the same bits (docs/bf16.md).
 //
 // KVCache<int8> (KVCacheInt8) holds keys and values as int8, for float forwards: a quarter of the
-// bytes of a KVCache<float> (no transposed key blocks) plus one float32 scale per (position, head)
-// for the keys and another for the values. Each key (value) row of a head, head_dim values, is
+// bytes of a KVCache<float> (transposed key blocks included) plus one float32 scale per (position,
+// head) for the keys and another for the values. Each key (value) row of a head, head_dim values, is
 // quantized as one block when it is appended (kernels/int8.hpp's quantize_block: scale =
 // max |x| / 127, q = nearbyint(x * 127 / max |x|)); the attention reads float(q) * scale (one
 // float32 multiply, kernels/int8_dequant.hpp), so a forward through it gives bitwise what the same
@@ -147,16 +147,15 @@ class KVCache {
   using Scalar = typename Traits::Scalar;    // the forwards' scalar
   using Element = typename Traits::Element;  // what the storage holds
   static constexpr Index kKeyBlock = kernels::kKeyBlock;
-  // Whether the keys are also kept in transposed blocks: float and bf16 (the vector levels' decode
-  // steps read them); not double (the generic level's, which reads rows), nor int8 (dequantized
-  // a chunk at a time into float32 rows, detail/pipeline.hpp).
-  static constexpr bool kKeepsKeyBlocks =
-      std::is_same<Element, float>::value || std::is_same<Element, std::uint16_t>::value;
+  // Whether the keys are also kept in transposed blocks: float, bf16 and int8 (the vector levels'
+  // decode steps read them; int8 ones dequantized a chunk at a time, detail/pipeline.hpp); not
+  // double (the generic level's, which reads rows).
+  static constexpr bool kKeepsKeyBlocks = !std::is_same<Element, double>::value;
   // Whether each row has a float32 scale (int8).
   static constexpr bool kScaled = Traits::kScaled;
 
-  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements, and the
-  // transposed key blocks (float, bf16) or the 2 * n_head * max_tokens scales (int8).
+  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements, the transposed
+  // key blocks (not double), and (int8) 2 * n_head * max_tokens scales, rounded up to key blocks.
   KVCache(const AttentionConfig& config, Index max_tokens) : config_(config) {
     config_.validate();
     if (max_tokens < 0)
@@ -174,9 +173,9 @@ class KVCache {
     } else {
       keys_t_.resize(0, kKeyBlock);
     }
-    if constexpr (kScaled) {
-      key_scales_.resize(config_.n_head, capacity_);
-      value_scales_.resize(config_.n_head, capacity_);
+    if constexpr (kScaled) {  // room to the end of the last key block: its lanes are read
+      key_scales_.resize(config_.n_head, key_blocks() * kKeyBlock);
+      value_scales_.resize(config_.n_head, key_blocks() * kKeyBlock);
       key_scales_.setZero();
       value_scales_.setZero();
     }
@@ -315,8 +314,8 @@ class KVCache {
   ConstMatrixRef<Element> value_storage() const { return values_.map(); }
 
   // Head h's keys transposed in blocks of kKeyBlock positions: block b (positions 64 b .. 64 b +
-  // 63) at transposed_key_blocks(h) + b * head_dim * kKeyBlock, [head_dim][kKeyBlock] row-major.
-  // Null for a double cache (which keeps none).
+  // 63) at transposed_key_blocks(h) + b * head_dim * kKeyBlock, [head_dim][kKeyBlock] row-major
+  // (int8: the key rows' values, with their rows' scales). Null for a double cache (none).
   const Element* transposed_key_blocks(Index h) const {
     check_head(h);
     if constexpr (!kKeepsKeyBlocks)
@@ -454,8 +453,9 @@ class KVCache {
   Index n_past_ = 0;
   Storage keys_;    // [n_head * capacity, head_dim]
   Storage values_;  // [n_head * capacity, head_dim]
-  Storage keys_t_;  // [n_head * key_blocks * head_dim, kKeyBlock] (empty for double and int8)
-  detail::AlignedMatrix<float> key_scales_, value_scales_;  // [n_head, capacity] (int8; else empty)
+  Storage keys_t_;  // [n_head * key_blocks * head_dim, kKeyBlock] (empty for double)
+  // [n_head, key_blocks * kKeyBlock] (int8; else empty)
+  detail::AlignedMatrix<float> key_scales_, value_scales_;
   std::vector<const Element*> pages_;  // head h's key page at 2h, value page at 2h + 1
   std::vector<const float*> scale_pages_;  // int8: their scales, likewise (else null)
 };

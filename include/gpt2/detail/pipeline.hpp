@@ -334,28 +334,25 @@ kernels::AttentionTile<T> tile_over(const ConstMatrixRef<T>& q, const HeadPages<
 // head_dim 64, in L2 while the row's partials read them).
 inline constexpr Index kDequantBlocks = 2;
 
-// Rows [j0, j1) of int8 head kv (j0 a multiple of kKeyBlock), keys, and values when `values`,
-// dequantized into the scratch (float(q) * scale: kernels/int8_dequant.hpp, at level isa; the same
-// bits at every level): float pages of kKeyBlock rows, padded_head_dim apart, with kv's n_keys, in
-// which rows [j0, j1) are kv's rows dequantized (no others may be read). No allocation once
-// reserve_for has reserved the scratch for j1 keys.
+// What dequantize_head converts: key rows and value rows (a tile), key rows only (probabilities),
+// or the transposed key blocks where kv has them (one page: a contiguous cache) and the level
+// reads them (else key rows), and value rows (a decode step).
+enum class Dequantize { rows, keys, decode };
+
+// Rows [j0, j1) of int8 head kv (j0 a multiple of kKeyBlock) dequantized into the scratch
+// (float(q) * scale: kernels/int8_dequant.hpp, at level isa; the same bits at every level), each
+// at its own position: float pages of kKeyBlock rows, padded_head_dim apart, and keys_t when
+// converted, with kv's n_keys; rows [j0, j1) are kv's dequantized (no others may be read). No
+// allocation once reserve_for has reserved the scratch for j1 keys.
 inline HeadPages<float> dequantize_head(Isa isa, const HeadPages<std::int8_t>& kv, Index j0,
-                                        Index j1, bool values, AttentionScratch<float>& scratch) {
+                                        Index j1, Dequantize what,
+                                        AttentionScratch<float>& scratch) {
   const Index hd = kv.head_dim, ld = kernels::padded_head_dim(hd), kb = kernels::kKeyBlock;
   scratch.reserve_dequantized(j1, hd);
   std::vector<const float*>& pages = scratch.dequantized_pages();
   const Index blocks = static_cast<Index>(pages.size() / 2);
   float* const keys = scratch.dequantized();
   float* const vals = keys + scratch.dequantized_size() / 2;
-  for (Index b = j0 / kb; b * kb < j1; ++b) {
-    pages[static_cast<std::size_t>(b)] = keys + (b * kb - j0) * ld;
-    pages[static_cast<std::size_t>(blocks + b)] = vals + (b * kb - j0) * ld;
-  }
-  kernels::dequantize_rows(isa, kv.key_pages, kv.key_scale_pages, kv.page_rows, kv.row_stride, j0,
-                           j1 - j0, hd, keys, ld);
-  if (values)
-    kernels::dequantize_rows(isa, kv.value_pages, kv.value_scale_pages, kv.page_rows,
-                             kv.values_stride(), j0, j1 - j0, hd, vals, ld);
   HeadPages<float> f;
   f.key_pages = pages.data();
   f.value_pages = pages.data() + blocks;
@@ -363,6 +360,22 @@ inline HeadPages<float> dequantize_head(Isa isa, const HeadPages<std::int8_t>& k
   f.row_stride = ld;
   f.n_keys = kv.n_keys;
   f.head_dim = hd;
+  for (Index b = j0 / kb; b * kb < j1; ++b) {
+    pages[static_cast<std::size_t>(b)] = keys + b * kb * ld;
+    pages[static_cast<std::size_t>(blocks + b)] = vals + b * kb * ld;
+  }
+  // (the vector levels' one-row steps read keys_t; the generic level's read key rows)
+  if (what == Dequantize::decode && kv.keys_t != nullptr && isa != Isa::generic) {
+    kernels::dequantize_key_blocks(isa, kv.keys_t, kv.key_scale_pages[0], j0 / kb,
+                                   (j1 + kb - 1) / kb, hd, keys);
+    f.keys_t = keys;
+  } else {
+    kernels::dequantize_rows(isa, kv.key_pages, kv.key_scale_pages, kv.page_rows, kv.row_stride,
+                             j0, j1 - j0, hd, keys + j0 * ld, ld);
+  }
+  if (what != Dequantize::keys)
+    kernels::dequantize_rows(isa, kv.value_pages, kv.value_scale_pages, kv.page_rows,
+                             kv.values_stride(), j0, j1 - j0, hd, vals + j0 * ld, ld);
   return f;
 }
 
@@ -375,7 +388,7 @@ void attend_rows(const kernels::Kernels<T>& k, const ConstMatrixRef<T>& q, const
   if (nb <= 0) return;
   if constexpr (std::is_same<E, std::int8_t>::value) {
     const Index seen = kv.n_keys - q.rows() + r0 + nb;
-    const HeadPages<T> f = dequantize_head(k.isa, kv, 0, seen, true, scratch);
+    const HeadPages<T> f = dequantize_head(k.isa, kv, 0, seen, Dequantize::rows, scratch);
     k.attention_tile(tile_over<T, T>(q, f, r0, nb, out, scratch));
   } else {
     k.attention_tile(tile_over<T, E>(q, kv, r0, nb, out, scratch));
@@ -393,7 +406,7 @@ void probability_rows(const kernels::Kernels<T>& k, const ConstMatrixRef<T>& q,
                       AttentionScratch<T>& scratch) {
   const Index hd = q.cols(), n_past = kv.n_keys - q.rows(), n_visible = n_past + r0 + nb;
   if constexpr (std::is_same<E, std::int8_t>::value) {
-    const HeadPages<T> f = dequantize_head(k.isa, kv, 0, n_visible, false, scratch);
+    const HeadPages<T> f = dequantize_head(k.isa, kv, 0, n_visible, Dequantize::keys, scratch);
     probability_rows<T, T>(k, q, f, r0, nb, probs, scratch);
   } else {
     const T scale = T(1) / std::sqrt(T(hd));
@@ -436,8 +449,8 @@ void row_partials(const kernels::Kernels<T>& k, const ConstMatrixRef<T>& q, cons
     for (Index c0 = b0; c0 < b1; c0 += kDequantBlocks) {
       const Index c1 = std::min(b1, c0 + kDequantBlocks);
       const HeadPages<T> f = dequantize_head(k.isa, kv, c0 * kernels::kKeyBlock,
-                                             std::min(c1 * kernels::kKeyBlock, kv.n_keys), true,
-                                             scratch);
+                                             std::min(c1 * kernels::kKeyBlock, kv.n_keys),
+                                             Dequantize::decode, scratch);
       row_partials<T, T>(k, q, f, c0, c1, parts + (c0 - b0) * stride, scratch);
     }
   } else {

@@ -6,6 +6,10 @@
 //   of kernels/int8.hpp: quantize_block of the row), to dst[i][d] = float(q[i][d]) * s[i], one
 //   float32 multiply per value (float(q) is exact), and zeros on [head_dim, ld).
 //
+// A contiguous cache's keys are also kept transposed in blocks of kKeyBlock positions (as a float
+// cache's are): dequantize_key_blocks converts those, element (d, j) = float(q[d][j]) * s[j], for
+// the one-row decode steps, which read keys transposed.
+//
 // One multiply per value: every level (scalar, avx2, avx512) gives the same bits, so the level only
 // decides the speed. A decode step is bound by the bytes it reads; reading int8 keys and values
 // instead of float32 is the point of the cache, so the conversion runs vectorized (16 values per
@@ -15,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/cpu.hpp"
 #include "gpt2/kernels/isa.hpp"
 #include "gpt2/types.hpp"
@@ -49,7 +54,64 @@ inline void dequantize_run_scalar(const std::int8_t* q, Index q_stride, const fl
   }
 }
 
+// Transposed key blocks [b0, b1) (block b at kt + b * head_dim * kKeyBlock, element (d, j) of key
+// kKeyBlock b + j at d * kKeyBlock + j) with the keys' scales (key p's at scale[p]) into dst, the
+// same layout and offsets: the scalar code.
+inline void dequantize_key_blocks_scalar(const std::int8_t* kt, const float* scale, Index b0,
+                                         Index b1, Index head_dim, float* dst) {
+  for (Index b = b0; b < b1; ++b) {
+    const Index base = b * head_dim * kKeyBlock;
+    const float* s = scale + b * kKeyBlock;
+    for (Index d = 0; d < head_dim; ++d)
+      for (Index j = 0; j < kKeyBlock; ++j)
+        dst[base + d * kKeyBlock + j] = static_cast<float>(kt[base + d * kKeyBlock + j]) * s[j];
+  }
+}
+
 #if GPT2_KERNELS_HAVE_AVX512
+// The same, a block's 64 scales in four vectors, 16 values per step.
+GPT2_KERNEL_INT8_DEQUANT_AVX512 inline void dequantize_key_blocks_avx512(const std::int8_t* kt,
+                                                                         const float* scale,
+                                                                         Index b0, Index b1,
+                                                                         Index head_dim,
+                                                                         float* dst) {
+  for (Index b = b0; b < b1; ++b) {
+    const Index base = b * head_dim * kKeyBlock;
+    __m512 s[4];
+    for (int g = 0; g < 4; ++g) s[g] = _mm512_loadu_ps(scale + b * kKeyBlock + 16 * g);
+    for (Index d = 0; d < head_dim; ++d) {
+      const std::int8_t* src = kt + base + d * kKeyBlock;
+      float* out = dst + base + d * kKeyBlock;
+      for (int g = 0; g < 4; ++g) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * g));
+        _mm512_storeu_ps(out + 16 * g,
+                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), s[g]));
+      }
+    }
+  }
+}
+
+// The same, 8 values per step.
+GPT2_KERNEL_INT8_DEQUANT_AVX2 inline void dequantize_key_blocks_avx2(const std::int8_t* kt,
+                                                                     const float* scale, Index b0,
+                                                                     Index b1, Index head_dim,
+                                                                     float* dst) {
+  for (Index b = b0; b < b1; ++b) {
+    const Index base = b * head_dim * kKeyBlock;
+    __m256 s[8];
+    for (int g = 0; g < 8; ++g) s[g] = _mm256_loadu_ps(scale + b * kKeyBlock + 8 * g);
+    for (Index d = 0; d < head_dim; ++d) {
+      const std::int8_t* src = kt + base + d * kKeyBlock;
+      float* out = dst + base + d * kKeyBlock;
+      for (int g = 0; g < 8; ++g) {
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 8 * g));
+        _mm256_storeu_ps(out + 8 * g,
+                         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s[g]));
+      }
+    }
+  }
+}
+
 // The same, 16 values per step: sign-extended to int32 (VPMOVSXBD), converted (exact) and
 // multiplied by the row's scale; lanes past head_dim zero (masked, whatever the scale).
 GPT2_KERNEL_INT8_DEQUANT_AVX512 inline void dequantize_run_avx512(const std::int8_t* q,
@@ -125,6 +187,23 @@ inline void dequantize_rows(Isa isa, const std::int8_t* const* pages,
 #endif
     j += run;
   }
+}
+
+// Transposed key blocks [b0, b1) with the level isa's kernel (dequantize_key_blocks_scalar's
+// layout; the same bits at every level).
+inline void dequantize_key_blocks(Isa isa, const std::int8_t* kt, const float* scale, Index b0,
+                                  Index b1, Index head_dim, float* dst) {
+#if GPT2_KERNELS_HAVE_AVX512
+  if (isa == Isa::avx512 || isa == Isa::avx512_bf16 || isa == Isa::amx)
+    dequantize_key_blocks_avx512(kt, scale, b0, b1, head_dim, dst);
+  else if (isa == Isa::avx2)
+    dequantize_key_blocks_avx2(kt, scale, b0, b1, head_dim, dst);
+  else
+    dequantize_key_blocks_scalar(kt, scale, b0, b1, head_dim, dst);
+#else
+  (void)isa;
+  dequantize_key_blocks_scalar(kt, scale, b0, b1, head_dim, dst);
+#endif
 }
 
 }  // namespace gpt2::kernels
