@@ -49,7 +49,8 @@ TYPED_TEST(PagedNoAllocTest, DecodeStepsAllocateNothing) {
   gpt2::KVBlockPool<S> pool(m.config, 3 + (B + 1) * 4);
   gpt2::PagedSequence<S> root(pool, max_tokens);
   gpt2::Workspace<T> ws(m.config, prompt, max_tokens);
-  RowMatrix<T> out(prompt + B * steps, 256);
+  // zeroed: the steps of `root` alone write one row of their B (the others must not hold NaN garbage)
+  RowMatrix<T> out = RowMatrix<T>::Zero(prompt + B * steps, 256);
   gpt2::attention_forward<T>(w, x.topRows(prompt), root, ws, out.topRows(prompt));
   std::vector<gpt2::PagedSequence<S>> seqs;
   for (Index b = 0; b < B; ++b) seqs.push_back(root.fork());
