@@ -166,6 +166,43 @@ TEST(NoAllocBf16, ForwardsThroughABf16KVCacheAllocateNothingAfterTheFirst) {
   }
 }
 
+// An int8 KV cache: the first forward sizes the workspace (every thread's room for the cache's
+// capacity in dequantized keys and values); later prefill chunks, decode steps (dequantized a chunk
+// of key blocks at a time), a step with probabilities and batched decode steps allocate nothing.
+TEST(NoAllocInt8, ForwardsThroughAnInt8KVCacheAllocateNothingAfterTheFirst) {
+  const gpt2::test::Model<float> m = gpt2::test::random_model<float>(256, 4, 9);
+  const RowMatrix<float> x = gpt2::test::random_input<float>(300, 256, 10);
+  for (const gpt2::WeightDtype dtype : {gpt2::WeightDtype::float32, gpt2::WeightDtype::bf16}) {
+    SCOPED_TRACE(gpt2::dtype_name(dtype));
+    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(m.weights(), dtype);
+    gpt2::KVCacheInt8 cache(m.config, 300);
+    std::vector<gpt2::KVCacheInt8> caches;
+    caches.emplace_back(m.config, 100);
+    caches.emplace_back(m.config, 100);
+    gpt2::Workspace<float> ws(m.config);
+    ws.reserve_probabilities();
+    RowMatrix<float> out(300, 256), probs(4, 300);
+    gpt2::BatchLayout step = gpt2::BatchLayout::full(2, 1);
+    gpt2::attention_forward<float>(w, x.topRows(64), cache, ws, out.topRows(64));  // the first
+    {
+      AllocationWatch watch;
+      gpt2::attention_forward<float>(w, x.middleRows(64, 36), cache, ws, out.middleRows(64, 36));
+      for (gpt2::Index t = 100; t < 299; ++t)
+        gpt2::attention_forward<float>(w, x.row(t), cache, ws, out.row(t));
+      gpt2::attention_forward<float>(w, x.row(299), cache, ws, out.row(299), probs);
+      for (gpt2::Index t = 0; t < 50; ++t) {
+        step.set(1, 0, t % 2);
+        gpt2::attention_forward<float>(w, x.middleRows(2 * t, 2), step, caches, ws,
+                                       out.middleRows(2 * t, 2));
+      }
+      EXPECT_EQ(watch.eigen(), 0) << "Eigen heap allocations";
+      EXPECT_EQ(watch.cxx(), 0) << "operator new calls";
+    }
+    EXPECT_EQ(cache.n_past(), 300);
+    EXPECT_TRUE(out.allFinite());
+  }
+}
+
 TEST(NoAllocControl, DetectorsSeeAllocations) {
   RowMatrix<float> a = RowMatrix<float>::Random(64, 64), b = RowMatrix<float>::Random(64, 64);
   int eigen_allocations = 0;

@@ -39,8 +39,9 @@ using gpt2::test::error_of;
 
 constexpr Index kC = 128, kHeads = 4;  // head_dim 32
 
-// The forwards' scalar T and the caches' storage S (float, double, and bf16 caches of float
-// forwards: KVBlockPool<bfloat16> against KVCache<bfloat16>).
+// The forwards' scalar T and the caches' storage S (float, double, and bf16 and int8 caches of
+// float forwards: KVBlockPool<bfloat16> against KVCache<bfloat16>, KVBlockPool<int8> against
+// KVCache<int8>).
 template <class T, class S>
 struct Storage {
   using Scalar = T;
@@ -49,7 +50,7 @@ struct Storage {
 template <class P>
 class PagedAttentionTest : public ::testing::Test {};
 using Storages = ::testing::Types<Storage<float, float>, Storage<double, double>,
-                                  Storage<float, gpt2::bfloat16>>;
+                                  Storage<float, gpt2::bfloat16>, Storage<float, gpt2::int8>>;
 TYPED_TEST_SUITE(PagedAttentionTest, Storages);
 
 template <class T>
@@ -437,14 +438,14 @@ void check_past_forks(const std::string& name) {
   }
 }
 
-// (float and double pools: a bf16 pool's keys and values are not PyTorch's float32 ones; the
-// bf16 pool is held to the bf16 KVCache above, bitwise)
+// (float and double pools: a bf16 or int8 pool's keys and values are not PyTorch's float32 ones;
+// those pools are held to the KVCache of their storage above, bitwise)
 template <class P>
 void check_past_forks_of(const std::string& name) {
   if constexpr (std::is_same<typename P::Scalar, typename P::Stored>::value)
     check_past_forks<typename P::Scalar>(name);
   else
-    GTEST_SKIP() << "a bf16 pool: held bitwise to the bf16 KVCache by the tests above";
+    GTEST_SKIP() << "a bf16 or int8 pool: held bitwise to its KVCache by the tests above";
 }
 TYPED_TEST(PagedAttentionTest, ForksAgainstPyTorch_Tiny) { check_past_forks_of<TypeParam>("past_tiny"); }
 TYPED_TEST(PagedAttentionTest, ForksAgainstPyTorch_Small_T40) {

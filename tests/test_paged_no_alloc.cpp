@@ -26,25 +26,36 @@ namespace {
 using gpt2::Index;
 using gpt2::RowMatrix;
 
-template <class T>
+// The forwards' scalar T and the pool's storage S: float, double, and int8 (float forwards,
+// whose decode steps dequantize into the workspace's scratch).
+template <class T, class S>
+struct Storage {
+  using Scalar = T;
+  using Stored = S;
+};
+template <class P>
 class PagedNoAllocTest : public ::testing::Test {};
-TYPED_TEST_SUITE(PagedNoAllocTest, gpt2::test::Scalars);
+using Storages =
+    ::testing::Types<Storage<float, float>, Storage<double, double>, Storage<float, gpt2::int8>>;
+TYPED_TEST_SUITE(PagedNoAllocTest, Storages);
 
 TYPED_TEST(PagedNoAllocTest, DecodeStepsAllocateNothing) {
-  using T = TypeParam;
+  using T = typename TypeParam::Scalar;
+  using S = typename TypeParam::Stored;
   const gpt2::test::Model<T> m = gpt2::test::random_model<T>(256, 4, 3);
   const gpt2::AttentionWeights<T> w = m.weights();
   const Index B = 3, prompt = 37, steps = 40, max_tokens = prompt + steps + 1;
   const RowMatrix<T> x = gpt2::test::random_input<T>(prompt + B * steps, 256, 4);
-  gpt2::KVBlockPool<T> pool(m.config, 3 + (B + 1) * 4);
-  gpt2::PagedSequence<T> root(pool, max_tokens);
+  gpt2::KVBlockPool<S> pool(m.config, 3 + (B + 1) * 4);
+  gpt2::PagedSequence<S> root(pool, max_tokens);
   gpt2::Workspace<T> ws(m.config, prompt, max_tokens);
-  RowMatrix<T> out(prompt + B * steps, 256);
+  // zeroed: the steps of `root` alone write one row of their B (the others must not hold NaN garbage)
+  RowMatrix<T> out = RowMatrix<T>::Zero(prompt + B * steps, 256);
   gpt2::attention_forward<T>(w, x.topRows(prompt), root, ws, out.topRows(prompt));
-  std::vector<gpt2::PagedSequence<T>> seqs;
+  std::vector<gpt2::PagedSequence<S>> seqs;
   for (Index b = 0; b < B; ++b) seqs.push_back(root.fork());
-  for (gpt2::PagedSequence<T>& s : seqs) s.reserve(max_tokens);
-  gpt2::PagedSequence<T>* ptrs[] = {&seqs[0], &seqs[1], &seqs[2]};
+  for (gpt2::PagedSequence<S>& s : seqs) s.reserve(max_tokens);
+  gpt2::PagedSequence<S>* ptrs[] = {&seqs[0], &seqs[1], &seqs[2]};
   gpt2::BatchLayout step = gpt2::BatchLayout::full(B, 1);
   {
     g_eigen_assert_failures = 0;

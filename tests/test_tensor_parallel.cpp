@@ -418,7 +418,7 @@ RowMatrix<float> through_cache(const S& sublayer, const RowMatrix<float>& x, Ind
   return out;
 }
 
-TEST(TensorParallelComposes, Bf16WeightsBf16CachesAndPagedSequences) {
+TEST(TensorParallelComposes, Bf16WeightsBf16AndInt8CachesAndPagedSequences) {
   const Index C = 128, H = 8, T_ = 70;  // 8 heads of 16: 4 + 4, and 3 + 3 + 2
   const Model<float> m = model<float>(C, H, 71);
   const RowMatrix<float> x = gpt2::test::det_matrix<float>(73, T_, C, 1.0);
@@ -444,7 +444,17 @@ TEST(TensorParallelComposes, Bf16WeightsBf16CachesAndPagedSequences) {
     EXPECT_TRUE(gpt2::test::near(bf16_tp, bf16_single, kShardSumTol)) << "bf16 cache";
     EXPECT_TRUE(same_on_every_rank(bf16_tp));
 
-    // paged sequences of a pool over this rank's heads (float and bf16 blocks): a prompt, two
+    // an int8 cache of this rank's heads (each head's rows quantized alone: the same values as
+    // on one process)
+    using Int8Cache = gpt2::KVCacheInt8;
+    const RowMatrix<float> int8_tp = through_cache<TensorParallelAttention<float>, Int8Cache>(
+        tp, x, 40, ws, [&] { return tp.cache<gpt2::int8>(T_); });
+    const RowMatrix<float> int8_single = through_cache<gpt2::AttentionWeights<float>, Int8Cache>(
+        w, x, 40, ws1, [&] { return Int8Cache(w.config(), T_); });
+    EXPECT_TRUE(gpt2::test::near(int8_tp, int8_single, kShardSumTol)) << "int8 cache";
+    EXPECT_TRUE(same_on_every_rank(int8_tp));
+
+    // paged sequences of a pool over this rank's heads (float, bf16, int8 blocks): a prompt, two
     // forks decoding together in a batch, against the same on one process
     const auto paged = [&](const auto& sublayer, const gpt2::AttentionConfig& heads, auto storage,
                            gpt2::Workspace<float>& wsp) {
@@ -464,12 +474,14 @@ TEST(TensorParallelComposes, Bf16WeightsBf16CachesAndPagedSequences) {
       }
       return y;
     };
-    for (const bool bf16_blocks : {false, true}) {
-      SCOPED_TRACE(bf16_blocks ? "bf16 pool" : "float pool");
-      const RowMatrix<float> y_tp = bf16_blocks ? paged(tp, tp.shard_config(), gpt2::bfloat16{}, ws)
-                                                : paged(tp, tp.shard_config(), float{}, ws);
-      const RowMatrix<float> y1 = bf16_blocks ? paged(w, w.config(), gpt2::bfloat16{}, ws1)
-                                              : paged(w, w.config(), float{}, ws1);
+    for (const int blocks : {0, 1, 2}) {
+      SCOPED_TRACE(blocks == 0 ? "float pool" : blocks == 1 ? "bf16 pool" : "int8 pool");
+      const RowMatrix<float> y_tp = blocks == 0   ? paged(tp, tp.shard_config(), float{}, ws)
+                                    : blocks == 1 ? paged(tp, tp.shard_config(), gpt2::bfloat16{}, ws)
+                                                  : paged(tp, tp.shard_config(), gpt2::int8{}, ws);
+      const RowMatrix<float> y1 = blocks == 0   ? paged(w, w.config(), float{}, ws1)
+                                  : blocks == 1 ? paged(w, w.config(), gpt2::bfloat16{}, ws1)
+                                                : paged(w, w.config(), gpt2::int8{}, ws1);
       EXPECT_TRUE(gpt2::test::near(y_tp, y1, kShardSumTol));
       EXPECT_TRUE(same_on_every_rank(y_tp));
     }

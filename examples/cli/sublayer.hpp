@@ -22,8 +22,8 @@ namespace gpt2::cli {
 
 // What run's forwards need from a sublayer: its widths, its caches and workspaces (over the heads
 // it computes), and the library's forwards over every cache run uses. probs (or null): as
-// attention_forward's, over heads_here() heads. The bf16 caches hold float forwards only: with
-// T = double they throw UsageError (run refuses --kv-cache bf16 with --dtype f64 before).
+// attention_forward's, over heads_here() heads. The bf16 and int8 caches hold float forwards only:
+// with T = double they throw UsageError (run refuses --kv-cache bf16 with --dtype f64 before).
 template <class T>
 class RunSublayer {
  public:
@@ -46,10 +46,14 @@ class RunSublayer {
                        MatrixRef<T> out, MatrixRef<T>* probs) const = 0;
   virtual void forward(const ConstMatrixRef<T>& x, KVCache<bfloat16>& cache, Workspace<T>& ws,
                        MatrixRef<T> out, MatrixRef<T>* probs) const = 0;
+  virtual void forward(const ConstMatrixRef<T>& x, KVCache<int8>& cache, Workspace<T>& ws,
+                       MatrixRef<T> out, MatrixRef<T>* probs) const = 0;
   virtual void forward(const ConstMatrixRef<T>& x, PagedSequence<T>& seq, Workspace<T>& ws,
                        MatrixRef<T> out) const = 0;
   virtual void forward(const ConstMatrixRef<T>& x, PagedSequence<bfloat16>& seq,
                        Workspace<T>& ws, MatrixRef<T> out) const = 0;
+  virtual void forward(const ConstMatrixRef<T>& x, PagedSequence<int8>& seq, Workspace<T>& ws,
+                       MatrixRef<T> out) const = 0;
 
   // A padded batch x [B * T, C] -> out [B * T, C], without caches or through one per sequence.
   virtual void forward(const ConstMatrixRef<T>& x, const BatchLayout& batch, Workspace<T>& ws,
@@ -61,10 +65,16 @@ class RunSublayer {
                        std::vector<KVCache<bfloat16>>& caches, Workspace<T>& ws,
                        MatrixRef<T> out) const = 0;
   virtual void forward(const ConstMatrixRef<T>& x, const BatchLayout& batch,
+                       std::vector<KVCache<int8>>& caches, Workspace<T>& ws,
+                       MatrixRef<T> out) const = 0;
+  virtual void forward(const ConstMatrixRef<T>& x, const BatchLayout& batch,
                        const std::vector<PagedSequence<T>*>& seqs, Workspace<T>& ws,
                        MatrixRef<T> out) const = 0;
   virtual void forward(const ConstMatrixRef<T>& x, const BatchLayout& batch,
                        const std::vector<PagedSequence<bfloat16>*>& seqs, Workspace<T>& ws,
+                       MatrixRef<T> out) const = 0;
+  virtual void forward(const ConstMatrixRef<T>& x, const BatchLayout& batch,
+                       const std::vector<PagedSequence<int8>*>& seqs, Workspace<T>& ws,
                        MatrixRef<T> out) const = 0;
 };
 
@@ -99,6 +109,11 @@ class SublayerOf final : public RunSublayer<T> {
     if constexpr (kFloat) cached(x, cache, ws, out, probs);
     else no_bf16_cache();
   }
+  void forward(const ConstMatrixRef<T>& x, KVCache<int8>& cache, Workspace<T>& ws,
+               MatrixRef<T> out, MatrixRef<T>* probs) const override {
+    if constexpr (kFloat) cached(x, cache, ws, out, probs);
+    else no_int8_cache();
+  }
   void forward(const ConstMatrixRef<T>& x, PagedSequence<T>& seq, Workspace<T>& ws,
                MatrixRef<T> out) const override {
     attention_forward<T>(w_, x, seq, ws, out);
@@ -107,6 +122,11 @@ class SublayerOf final : public RunSublayer<T> {
                MatrixRef<T> out) const override {
     if constexpr (kFloat) attention_forward<T>(w_, x, seq, ws, out);
     else no_bf16_cache();
+  }
+  void forward(const ConstMatrixRef<T>& x, PagedSequence<int8>& seq, Workspace<T>& ws,
+               MatrixRef<T> out) const override {
+    if constexpr (kFloat) attention_forward<T>(w_, x, seq, ws, out);
+    else no_int8_cache();
   }
 
   void forward(const ConstMatrixRef<T>& x, const BatchLayout& batch, Workspace<T>& ws,
@@ -125,6 +145,12 @@ class SublayerOf final : public RunSublayer<T> {
     else no_bf16_cache();
   }
   void forward(const ConstMatrixRef<T>& x, const BatchLayout& batch,
+               std::vector<KVCache<int8>>& caches, Workspace<T>& ws,
+               MatrixRef<T> out) const override {
+    if constexpr (kFloat) attention_forward<T>(w_, x, batch, caches, ws, out);
+    else no_int8_cache();
+  }
+  void forward(const ConstMatrixRef<T>& x, const BatchLayout& batch,
                const std::vector<PagedSequence<T>*>& seqs, Workspace<T>& ws,
                MatrixRef<T> out) const override {
     attention_forward<T>(w_, x, batch, seqs, ws, out);
@@ -134,6 +160,12 @@ class SublayerOf final : public RunSublayer<T> {
                MatrixRef<T> out) const override {
     if constexpr (kFloat) attention_forward<T>(w_, x, batch, seqs, ws, out);
     else no_bf16_cache();
+  }
+  void forward(const ConstMatrixRef<T>& x, const BatchLayout& batch,
+               const std::vector<PagedSequence<int8>*>& seqs, Workspace<T>& ws,
+               MatrixRef<T> out) const override {
+    if constexpr (kFloat) attention_forward<T>(w_, x, batch, seqs, ws, out);
+    else no_int8_cache();
   }
 
  private:
@@ -149,6 +181,9 @@ class SublayerOf final : public RunSublayer<T> {
   }
   [[noreturn]] static void no_bf16_cache() {
     throw UsageError("--kv-cache bf16: needs --dtype f32 or bf16");
+  }
+  [[noreturn]] static void no_int8_cache() {
+    throw UsageError("--kv-cache int8: needs --dtype f32 or bf16");
   }
 
   // The whole model's heads, or (TensorParallelAttention, tensor_parallel_run.hpp) a shard's.

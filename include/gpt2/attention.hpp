@@ -11,7 +11,7 @@
 //
 //   AttentionWeights, pack_weights (float32 or bf16 copies)                 weights.hpp
 //   attention_forward(w, x, ws, out) / (w, x, cache, ws, out): one sequence sublayer.hpp
-//   KVCache<float|double|bfloat16>: the cache concept and contiguous caches kv_cache.hpp
+//   KVCache<float|double|bfloat16|int8>: the cache concept and contiguous caches kv_cache.hpp
 //   BatchLayout + attention_forward(w, x, batch, [caches,] ws, out)         batch.hpp
 //   Workspace: the scratch of the forwards, sized once                      workspace.hpp
 //   set_num_threads / num_threads: threads of the forwards                  threads.hpp

@@ -273,7 +273,7 @@ void batch_forward(const S& sublayer, const ConstMatrixRef<T>& x, const BatchLay
             }
           }
           if constexpr (AppendsTogether<Cache>::value) Cache::check_batch(B, cache_at);
-          reserve_for(s, group_rows, std::max(max_keys, group_rows), ws);
+          reserve_for(s, group_rows, std::max(max_keys, group_rows), ws, StoresInt8<Cache>::value);
           for (Index b = 0; b < B; ++b) {
             // With groups, rows of ws are written while later sequences' x is still to be read, and
             // out's rows (padding included) are written group by group: all of x and out stay out.
@@ -416,7 +416,7 @@ void attention_forward(const S<T>& sublayer, const Eigen::MatrixBase<D>& x,
 // its cache and attending to everything cached there (each sequence has its own n_past).
 //   caches: one per sequence, distinct: a std::vector of caches, or of pointers to them, or an
 //   array of B pointers (e.g. one layer's column of a [B][n_layer] table); any cache type
-//   (KVCache<float|double|bfloat16>, PagedSequence of a one-layer pool: a paged batch grows all
+//   (KVCache<float|double|bfloat16|int8>, PagedSequence of a one-layer pool: a paged batch grows all
 //   its sequences together, one pool per batch)
 // A sequence of length 0 (finished, or waiting) leaves its cache alone. If any sequence's tokens
 // do not fit (CapacityError) or anything else is wrong, no cache changes. Batched decode: T = 1,
@@ -452,6 +452,7 @@ void attention_forward(const S<T>& sublayer, const Eigen::MatrixBase<D>& x,
 GPT2_ATTENTION_BATCH_FORWARD(float, detail::NoCaches)
 GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<KVCache<float>>)
 GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<KVCache<bfloat16>>)
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<KVCache<int8>>)
 GPT2_ATTENTION_BATCH_FORWARD(double, detail::NoCaches)
 GPT2_ATTENTION_BATCH_FORWARD(double, detail::CacheList<KVCache<double>>)
 #endif

@@ -3,7 +3,8 @@
 //
 // The cache concept. The forwards (sublayer.hpp, batch.hpp) take any cache type C that has:
 //   C::Scalar, C::Element      the forwards' scalar (float or double) and what the cache stores
-//                              (Scalar, or std::uint16_t: bfloat16 bits)
+//                              (Scalar, std::uint16_t: bfloat16 bits, or std::int8_t: int8 values
+//                              with a float32 scale per row)
 //   config()                   n_embd and n_head of its heads (the weights' heads)
 //   n_past()                   positions held (before a forward: its new rows' first position)
 //   check_append(n)            throws CapacityError / ShapeError unless n more positions can be
@@ -19,7 +20,7 @@
 //   check_disjoint(what, view) ShapeError "<what>: must not overlap the ..." when a matrix view
 //                              overlaps its storage
 //   label()                    how errors name it ("cache", "sequence")
-// Models: KVCache<S> (below; S = float, double or bfloat16), PagedSequence<S> and PagedLayer<S>
+// Models: KVCache<S> (below; S = float, double, bfloat16 or int8), PagedSequence<S> and PagedLayer<S>
 // (paged_kv_cache.hpp). A new storage type is one more model, not another forward.
 //
 // KVCache<S>'s layout: per head, contiguous: keys [n_head][capacity][head_dim], values likewise
@@ -35,6 +36,15 @@
 // (nearest, ties to even); the attention reads them widened (exact), so a forward through it gives
 // bitwise what the same forward gives through a KVCache<float> holding the rounded values, and any
 // chunking of a sequence gives the same bits (docs/bf16.md).
+//
+// KVCache<int8> (KVCacheInt8) holds keys and values as int8, for float forwards: a quarter of the
+// bytes of a KVCache<float> (transposed key blocks included) plus one float32 scale per (position,
+// head) for the keys and another for the values. Each key (value) row of a head, head_dim values, is
+// quantized as one block when it is appended (kernels/int8.hpp's quantize_block: scale =
+// max |x| / 127, q = nearbyint(x * 127 / max |x|)); the attention reads float(q) * scale (one
+// float32 multiply, kernels/int8_dequant.hpp), so a forward through it gives bitwise what the same
+// forward gives through a KVCache<float> holding those values, and any chunking of a sequence
+// gives the same bits (docs/kv_cache_int8.md).
 #pragma once
 
 #include <algorithm>
@@ -49,6 +59,7 @@
 #include "gpt2/detail/aligned_matrix.hpp"
 #include "gpt2/error.hpp"
 #include "gpt2/kernels/attention_tile.hpp"
+#include "gpt2/kernels/int8.hpp"
 #include "gpt2/kernels/layout.hpp"
 #include "gpt2/types.hpp"
 
@@ -58,26 +69,53 @@ namespace gpt2 {
 // KVCache<bfloat16>, KVBlockPool<bfloat16>, PagedSequence<bfloat16>.
 struct bfloat16 {};
 
+// The storage type of caches that hold keys and values as int8 with a float32 scale per row (for
+// float forwards): KVCache<int8>, KVBlockPool<int8>, PagedSequence<int8>.
+struct int8 {};
+
 namespace detail {
 
 // What a cache of storage type S stores and how: Scalar (the forwards' type), Element (what its
-// memory holds), put (a row of Scalar stored as Element).
+// memory holds), put (a row of Scalar stored as Element), kScaled (whether each row also has a
+// float32 scale: put returns it).
 template <class S>
 struct KVStorageTraits {
   static_assert(std::is_same<S, float>::value || std::is_same<S, double>::value,
-                "gpt2: a KV cache stores float, double or bfloat16");
+                "gpt2: a KV cache stores float, double, bfloat16 or int8");
   using Scalar = S;
   using Element = S;
+  static constexpr bool kScaled = false;
   static void put(const S* src, Index n, S* dst) { std::copy_n(src, n, dst); }
 };
 template <>
 struct KVStorageTraits<bfloat16> {
   using Scalar = float;
   using Element = std::uint16_t;
+  static constexpr bool kScaled = false;
   static void put(const float* src, Index n, std::uint16_t* dst) {
     for (Index d = 0; d < n; ++d) dst[d] = kernels::round_to_bf16(src[d]);
   }
 };
+template <>
+struct KVStorageTraits<int8> {
+  using Scalar = float;
+  using Element = std::int8_t;
+  static constexpr bool kScaled = true;
+  // The row quantized as one block; returns its scale.
+  static float put(const float* src, Index n, std::int8_t* dst) {
+    return kernels::quantize_block(src, n, dst);
+  }
+};
+
+// Stores row src[0, n) of storage type S at dst, and its scale at *scale where S has one.
+template <class S>
+void put_row(const typename KVStorageTraits<S>::Scalar* src, Index n,
+             typename KVStorageTraits<S>::Element* dst, float* scale) {
+  if constexpr (KVStorageTraits<S>::kScaled)
+    *scale = KVStorageTraits<S>::put(src, n, dst);
+  else
+    (void)scale, KVStorageTraits<S>::put(src, n, dst);
+}
 
 // CapacityError unless n_past + count <= capacity (count >= 0).
 inline void check_room(Index n_past, Index count, Index capacity) {
@@ -96,7 +134,8 @@ inline Index check_head_index(Index h, Index n_head) {
 
 }  // namespace detail
 
-// Owns keys and values [n_head, capacity, head_dim] of storage type S (float, double, bfloat16);
+// Owns keys and values [n_head, capacity, head_dim] of storage type S (float, double, bfloat16,
+// int8; int8 with scales [n_head, capacity] for each);
 // rows 0 .. n_past - 1 of each head are the cached positions. Allocates only in its constructor and
 // in copy(). Not thread-safe: one sequence, one thread at a time. Copying is explicit (copy(),
 // copy_from()): a cache is megabytes. Moving leaves the source empty (capacity 0).
@@ -108,12 +147,15 @@ class KVCache {
   using Scalar = typename Traits::Scalar;    // the forwards' scalar
   using Element = typename Traits::Element;  // what the storage holds
   static constexpr Index kKeyBlock = kernels::kKeyBlock;
-  // Whether the keys are also kept in transposed blocks: float and bf16 (the vector levels' decode
-  // steps read them); not double (the generic level's, which reads rows).
+  // Whether the keys are also kept in transposed blocks: float, bf16 and int8 (the vector levels'
+  // decode steps read them; int8 ones dequantized a chunk at a time, detail/pipeline.hpp); not
+  // double (the generic level's, which reads rows).
   static constexpr bool kKeepsKeyBlocks = !std::is_same<Element, double>::value;
+  // Whether each row has a float32 scale (int8).
+  static constexpr bool kScaled = Traits::kScaled;
 
-  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements, and the
-  // transposed key blocks.
+  // Room for max_tokens positions: 2 * n_head * max_tokens * head_dim elements, the transposed
+  // key blocks (not double), and (int8) 2 * n_head * max_tokens scales, rounded up to key blocks.
   KVCache(const AttentionConfig& config, Index max_tokens) : config_(config) {
     config_.validate();
     if (max_tokens < 0)
@@ -131,11 +173,22 @@ class KVCache {
     } else {
       keys_t_.resize(0, kKeyBlock);
     }
+    if constexpr (kScaled) {  // room to the end of the last key block: its lanes are read
+      key_scales_.resize(config_.n_head, key_blocks() * kKeyBlock);
+      value_scales_.resize(config_.n_head, key_blocks() * kKeyBlock);
+      key_scales_.setZero();
+      value_scales_.setZero();
+    }
     pages_.resize(2 * static_cast<std::size_t>(config_.n_head));
+    scale_pages_.resize(2 * static_cast<std::size_t>(config_.n_head));
     for (Index h = 0; h < config_.n_head; ++h) {
       pages_[2 * static_cast<std::size_t>(h)] = keys_.data() + h * capacity_ * config_.head_dim();
       pages_[2 * static_cast<std::size_t>(h) + 1] =
           values_.data() + h * capacity_ * config_.head_dim();
+      if constexpr (kScaled) {
+        scale_pages_[2 * static_cast<std::size_t>(h)] = scales_of(key_scales_, h);
+        scale_pages_[2 * static_cast<std::size_t>(h) + 1] = scales_of(value_scales_, h);
+      }
     }
   }
 
@@ -146,7 +199,10 @@ class KVCache {
         keys_(std::move(other.keys_)),
         values_(std::move(other.values_)),
         keys_t_(std::move(other.keys_t_)),
-        pages_(std::move(other.pages_)) {}
+        key_scales_(std::move(other.key_scales_)),
+        value_scales_(std::move(other.value_scales_)),
+        pages_(std::move(other.pages_)),
+        scale_pages_(std::move(other.scale_pages_)) {}
   KVCache& operator=(KVCache&& other) noexcept {
     if (&other != this) {
       config_ = other.config_;
@@ -155,7 +211,10 @@ class KVCache {
       keys_ = std::move(other.keys_);
       values_ = std::move(other.values_);
       keys_t_ = std::move(other.keys_t_);
+      key_scales_ = std::move(other.key_scales_);
+      value_scales_ = std::move(other.value_scales_);
       pages_ = std::move(other.pages_);
+      scale_pages_ = std::move(other.scale_pages_);
     }
     return *this;
   }
@@ -189,6 +248,12 @@ class KVCache {
       block(values_, h).topRows(other.n_past_) = other.values(h);
       if constexpr (kKeepsKeyBlocks)
         std::copy_n(other.transposed_key_blocks(h), used, key_blocks_of(h));
+      if constexpr (kScaled) {
+        std::copy_n(other.scale_pages_[2 * static_cast<std::size_t>(h)], other.n_past_,
+                    scales_of(key_scales_, h));
+        std::copy_n(other.scale_pages_[2 * static_cast<std::size_t>(h) + 1], other.n_past_,
+                    scales_of(value_scales_, h));
+      }
     }
     n_past_ = other.n_past_;
   }
@@ -198,9 +263,10 @@ class KVCache {
   Index n_past() const { return n_past_; }                 // positions cached
   Index remaining() const { return capacity_ - n_past_; }  // positions that still fit
   // Bytes of the key and value storage (allocated in full by the constructor), the transposed key
-  // blocks included.
+  // blocks and the scales included.
   Index bytes() const {
-    return (keys_.size() + values_.size() + keys_t_.size()) * static_cast<Index>(sizeof(Element));
+    return (keys_.size() + values_.size() + keys_t_.size()) * static_cast<Index>(sizeof(Element)) +
+           (key_scales_.size() + value_scales_.size()) * static_cast<Index>(sizeof(float));
   }
 
   // Forgets every position (keeps the storage).
@@ -219,16 +285,28 @@ class KVCache {
   void check_room(Index count) const { detail::check_room(n_past_, count, capacity_); }
 
   // Head h's cached keys / values [n_past, head_dim] (views into the cache, valid until it is moved
-  // from or destroyed; bf16 bits for a bf16 cache).
+  // from or destroyed; bf16 bits for a bf16 cache, int8 values for an int8 one).
   ConstMatrixRef<Element> keys(Index h) const { return block(keys_, check_head(h)).topRows(n_past_); }
   ConstMatrixRef<Element> values(Index h) const {
     return block(values_, check_head(h)).topRows(n_past_);
   }
 
-  // A bf16 cache's keys / values of head h widened to float (exact): new matrices (allocate; for
-  // inspection and tests: the forwards read the bits in place).
-  RowMatrix<Scalar> widened_keys(Index h) const { return widened(keys(h)); }
-  RowMatrix<Scalar> widened_values(Index h) const { return widened(values(h)); }
+  // An int8 cache's scales of head h's cached keys / values [n_past] (views, as keys(h)): key row
+  // p stands for float(keys(h)(p, d)) * key_scales(h)[p].
+  ConstVectorMap<float> key_scales(Index h) const {
+    static_assert(kScaled, "gpt2: only an int8 cache has scales");
+    return {scale_pages_[2 * static_cast<std::size_t>(check_head(h))], n_past_};
+  }
+  ConstVectorMap<float> value_scales(Index h) const {
+    static_assert(kScaled, "gpt2: only an int8 cache has scales");
+    return {scale_pages_[2 * static_cast<std::size_t>(check_head(h)) + 1], n_past_};
+  }
+
+  // A bf16 cache's keys / values of head h widened to float (exact), an int8 cache's dequantized
+  // (float(q) * scale, the values its forwards read): new matrices (allocate; for inspection and
+  // tests: the forwards read the cache in place).
+  RowMatrix<Scalar> widened_keys(Index h) const { return widened(keys(h), 2 * h); }
+  RowMatrix<Scalar> widened_values(Index h) const { return widened(values(h), 2 * h + 1); }
 
   // The whole storage of keys / values [n_head * capacity, head_dim] (row h * capacity + p holds
   // head h's position p): for overlap checks and inspection. Rows from n_past on are free space.
@@ -236,8 +314,8 @@ class KVCache {
   ConstMatrixRef<Element> value_storage() const { return values_.map(); }
 
   // Head h's keys transposed in blocks of kKeyBlock positions: block b (positions 64 b .. 64 b +
-  // 63) at transposed_key_blocks(h) + b * head_dim * kKeyBlock, [head_dim][kKeyBlock] row-major.
-  // Null for a double cache (which keeps none).
+  // 63) at transposed_key_blocks(h) + b * head_dim * kKeyBlock, [head_dim][kKeyBlock] row-major
+  // (int8: the key rows' values, with their rows' scales). Null for a double cache (none).
   const Element* transposed_key_blocks(Index h) const {
     check_head(h);
     if constexpr (!kKeepsKeyBlocks)
@@ -305,12 +383,17 @@ class KVCache {
     kv.n_keys = n_past_;
     kv.head_dim = config_.head_dim();
     kv.keys_t = transposed_key_blocks(h);
+    if constexpr (kScaled) {
+      kv.key_scale_pages = &scale_pages_[2 * static_cast<std::size_t>(h)];
+      kv.value_scale_pages = &scale_pages_[2 * static_cast<std::size_t>(h) + 1];
+    }
     return kv;
   }
   template <class V>
   void check_disjoint(const char* what, const V& view) const {
     if (detail::overlaps(view, keys_.map()) || detail::overlaps(view, values_.map()) ||
-        detail::overlaps(view, keys_t_.map()))
+        detail::overlaps(view, keys_t_.map()) || detail::overlaps(view, key_scales_.map()) ||
+        detail::overlaps(view, value_scales_.map()))
       throw ShapeError(std::string(what) + ": must not overlap the KV cache");
   }
   static const char* label() { return "cache"; }
@@ -330,24 +413,37 @@ class KVCache {
   Element* key_blocks_of(Index h) {
     return keys_t_.data() + h * key_blocks() * config_.head_dim() * kKeyBlock;
   }
-  // Head h's position p: key and value rows stored, and the key copied into its transposed block.
+  float* scales_of(detail::AlignedMatrix<float>& scales, Index h) {
+    return scales.data() + h * scales.outerStride();
+  }
+  // Head h's position p: key and value rows stored (with their scales), and the key copied into
+  // its transposed block.
   void put_row(Index h, Index p, const Scalar* k, const Scalar* v) {
     const Index hd = config_.head_dim();
     Element* key = row_of(keys_, h, p);
-    Traits::put(k, hd, key);
-    Traits::put(v, hd, row_of(values_, h, p));
+    float* key_scale = kScaled ? scales_of(key_scales_, h) + p : nullptr;
+    float* value_scale = kScaled ? scales_of(value_scales_, h) + p : nullptr;
+    detail::put_row<S>(k, hd, key, key_scale);
+    detail::put_row<S>(v, hd, row_of(values_, h, p), value_scale);
     if constexpr (kKeepsKeyBlocks) {
       Element* col = key_blocks_of(h) + (p / kKeyBlock) * hd * kKeyBlock + p % kKeyBlock;
       for (Index d = 0; d < hd; ++d) col[d * kKeyBlock] = key[d];
     }
   }
-  static RowMatrix<Scalar> widened(const ConstMatrixRef<Element>& e) {
+  // e: keys(h) or values(h); page: 2 h for keys, 2 h + 1 for values (their scales).
+  RowMatrix<Scalar> widened(const ConstMatrixRef<Element>& e, Index page) const {
     if constexpr (std::is_same<Element, Scalar>::value) {
-      return e;
+      return (void)page, e;
     } else {
       RowMatrix<Scalar> out(e.rows(), e.cols());
       for (Index i = 0; i < e.rows(); ++i)
-        for (Index d = 0; d < e.cols(); ++d) out(i, d) = kernels::bf16_to_float(e(i, d));
+        for (Index d = 0; d < e.cols(); ++d) {
+          if constexpr (kScaled)
+            out(i, d) = static_cast<float>(e(i, d)) *
+                        scale_pages_[static_cast<std::size_t>(page)][i];
+          else
+            out(i, d) = kernels::bf16_to_float(e(i, d));
+        }
       return out;
     }
   }
@@ -358,10 +454,15 @@ class KVCache {
   Storage keys_;    // [n_head * capacity, head_dim]
   Storage values_;  // [n_head * capacity, head_dim]
   Storage keys_t_;  // [n_head * key_blocks * head_dim, kKeyBlock] (empty for double)
+  // [n_head, key_blocks * kKeyBlock] (int8; else empty)
+  detail::AlignedMatrix<float> key_scales_, value_scales_;
   std::vector<const Element*> pages_;  // head h's key page at 2h, value page at 2h + 1
+  std::vector<const float*> scale_pages_;  // int8: their scales, likewise (else null)
 };
 
 // A KV cache in bfloat16, for float forwards.
 using KVCacheBF16 = KVCache<bfloat16>;
+// A KV cache in int8 with a float32 scale per (position, head) row, for float forwards.
+using KVCacheInt8 = KVCache<int8>;
 
 }  // namespace gpt2

@@ -2,8 +2,11 @@
 // sequences forked from a common prompt share its blocks instead of copying them (vLLM's paged
 // attention, for a CPU).
 //
-// S, the storage type, is float, double or bfloat16 (kv_cache.hpp): a bf16 pool holds keys and
-// values rounded to bf16, for float forwards, as KVCache<bfloat16> does.
+// S, the storage type, is float, double, bfloat16 or int8 (kv_cache.hpp): a bf16 pool holds keys
+// and values rounded to bf16, for float forwards, as KVCache<bfloat16> does; an int8 pool holds
+// them quantized per (position, head) row, as KVCache<int8> does, with the rows' float32 scales
+// paged like the rows (layer l's scale storage [n_blocks * n_head, block_rows]: row b * n_head +
+// h holds head h's scales of block b's positions).
 //
 //   KVBlockPool<S> pool(config, n_blocks, n_layers)   n_blocks blocks of block_rows() positions,
 //       allocated once. Block b holds, in every layer, every head's keys and values of its
@@ -79,8 +82,11 @@ class KVBlockPool {
  public:
   using Scalar = typename detail::KVStorageTraits<S>::Scalar;
   using Element = typename detail::KVStorageTraits<S>::Element;
+  // Whether each row has a float32 scale (int8).
+  static constexpr bool kScaled = detail::KVStorageTraits<S>::kScaled;
 
-  // n_blocks * n_layers * 2 * block_rows * n_embd elements, zeroed. block_rows: a positive
+  // n_blocks * n_layers * 2 * block_rows * n_embd elements (and for int8 as many scales per
+  // block_rows * head_dim elements), zeroed. block_rows: a positive
   // multiple of 16 (the attention core's page granularity).
   KVBlockPool(const AttentionConfig& config, Index n_blocks, Index n_layers = 1,
               Index block_rows = kKVBlockRows)
@@ -107,6 +113,12 @@ class KVBlockPool {
       keys_.back().setZero();
       values_.emplace_back(rows, hd);
       values_.back().setZero();
+      if constexpr (kScaled) {
+        key_scales_.emplace_back(n_blocks * config_.n_head, block_rows);
+        key_scales_.back().setZero();
+        value_scales_.emplace_back(n_blocks * config_.n_head, block_rows);
+        value_scales_.back().setZero();
+      }
     }
     refs_.reset(new std::atomic<std::int32_t>[static_cast<std::size_t>(n_blocks)]);
     cowed_.assign(static_cast<std::size_t>(n_blocks), 0);
@@ -125,9 +137,10 @@ class KVBlockPool {
   Index n_layers() const { return n_layers_; }
   Index block_rows() const { return block_rows_; }  // positions per block
   // Bytes of one block in one layer (keys and values of every head): 2 * block_rows * n_embd
-  // elements.
+  // elements, and for int8 their 2 * block_rows * n_head float32 scales.
   Index block_bytes() const {
-    return 2 * block_rows_ * config_.n_embd * static_cast<Index>(sizeof(Element));
+    return 2 * block_rows_ * config_.n_embd * static_cast<Index>(sizeof(Element)) +
+           (kScaled ? 2 * block_rows_ * config_.n_head * static_cast<Index>(sizeof(float)) : 0);
   }
   // Bytes of the whole pool (every layer's storage, allocated in full by the constructor).
   Index bytes() const { return n_blocks_ * n_layers_ * block_bytes(); }
@@ -153,11 +166,25 @@ class KVBlockPool {
   const Element* value_page(Index layer, Index b, Index h) const {
     return values_[static_cast<std::size_t>(layer)].data() + page_offset(b, h);
   }
+  // An int8 pool's scales of those rows: [block_rows] each.
+  const float* key_scale_page(Index layer, Index b, Index h) const {
+    return scale_page(key_scales_, layer, b, h);
+  }
+  const float* value_scale_page(Index layer, Index b, Index h) const {
+    return scale_page(value_scales_, layer, b, h);
+  }
   // Layer l's whole key (value) storage [n_blocks * n_head * block_rows, head_dim]: for overlap
   // checks and inspection.
   ConstMatrixRef<Element> key_storage(Index layer) const { return keys_[check_layer(layer)].map(); }
   ConstMatrixRef<Element> value_storage(Index layer) const {
     return values_[check_layer(layer)].map();
+  }
+  // An int8 pool's scale storage of a layer [n_blocks * n_head, block_rows] (empty for the others).
+  ConstMatrixRef<float> key_scale_storage(Index layer) const {
+    return kScaled ? key_scales_[check_layer(layer)].map() : empty_scales_.map();
+  }
+  ConstMatrixRef<float> value_scale_storage(Index layer) const {
+    return kScaled ? value_scales_[check_layer(layer)].map() : empty_scales_.map();
   }
 
   // Grows sequences seqs[0 .. n) by counts[i] positions each, all or nothing: CapacityError (no
@@ -177,6 +204,18 @@ class KVBlockPool {
 
   Index page_offset(Index b, Index h) const {
     return (b * config_.n_head + h) * block_rows_ * config_.head_dim();
+  }
+  // Where head h's scales of block b start in a layer's scale storage (int8).
+  Index scale_offset(Index b, Index h) const {
+    return (b * config_.n_head + h) * key_scales_.front().outerStride();
+  }
+  const float* scale_page(const std::vector<detail::AlignedMatrix<float>>& scales, Index layer,
+                          Index b, Index h) const {
+    return scales[static_cast<std::size_t>(layer)].data() + scale_offset(b, h);
+  }
+  float* scale_page(std::vector<detail::AlignedMatrix<float>>& scales, Index layer, Index b,
+                    Index h) {
+    return scales[static_cast<std::size_t>(layer)].data() + scale_offset(b, h);
   }
   std::size_t check_layer(Index layer) const {
     if (layer < 0 || layer >= n_layers_)
@@ -213,6 +252,12 @@ class KVBlockPool {
                     count);
         std::memcpy(values_[li].data() + page_offset(to, h),
                     values_[li].data() + page_offset(from, h), count);
+        if constexpr (kScaled) {
+          const std::size_t scales = static_cast<std::size_t>(rows) * sizeof(float);
+          std::memcpy(scale_page(key_scales_, l, to, h), scale_page(key_scales_, l, from, h), scales);
+          std::memcpy(scale_page(value_scales_, l, to, h), scale_page(value_scales_, l, from, h),
+                      scales);
+        }
       }
   }
 
@@ -220,6 +265,9 @@ class KVBlockPool {
   Index n_blocks_, n_layers_, block_rows_;
   // per layer [n_blocks * n_head * block_rows, head_dim], 64-byte aligned
   std::vector<detail::AlignedMatrix<Element>> keys_, values_;
+  // int8: per layer [n_blocks * n_head, block_rows] (empty vectors for the others)
+  std::vector<detail::AlignedMatrix<float>> key_scales_, value_scales_;
+  detail::AlignedMatrix<float> empty_scales_;
   // Reference counts: changed only with mutex_ held; atomic so that a sequence may read the count
   // of a block it holds alone (write_last's check) while other threads change other counts.
   std::unique_ptr<std::atomic<std::int32_t>[]> refs_;
@@ -251,7 +299,8 @@ class PagedSequence {
       : pool_(other.pool_),
         table_(std::move(other.table_)),
         length_(std::exchange(other.length_, 0)),
-        pages_(std::move(other.pages_)) {
+        pages_(std::move(other.pages_)),
+        scale_pages_(std::move(other.scale_pages_)) {
     other.table_.clear();
   }
   PagedSequence& operator=(PagedSequence&& other) noexcept {
@@ -262,6 +311,7 @@ class PagedSequence {
       other.table_.clear();
       length_ = std::exchange(other.length_, 0);
       pages_ = std::move(other.pages_);
+      scale_pages_ = std::move(other.scale_pages_);
     }
     return *this;
   }
@@ -283,6 +333,8 @@ class PagedSequence {
     const std::size_t blocks = static_cast<std::size_t>(blocks_for(max_tokens));
     table_.reserve(blocks);
     pages_.reserve(2 * static_cast<std::size_t>(config().n_head) * blocks);
+    if constexpr (KVBlockPool<S>::kScaled)
+      scale_pages_.reserve(2 * static_cast<std::size_t>(config().n_head) * blocks);
   }
 
   // A new sequence holding the same positions, sharing every block (their reference counts go up;
@@ -291,6 +343,7 @@ class PagedSequence {
     PagedSequence child(*pool_);
     child.table_.reserve(table_.capacity());
     child.pages_.reserve(pages_.capacity());
+    child.scale_pages_.reserve(scale_pages_.capacity());
     child.table_ = table_;
     std::lock_guard<std::mutex> lock(pool_->mutex_);
     for (const std::int32_t b : table_) pool_->ref(b).fetch_add(1, std::memory_order_relaxed);
@@ -391,6 +444,17 @@ class PagedSequence {
     return pool_->value_page(check_layer(layer), page_of(position), check_head(h)) +
            position % pool_->block_rows() * config().head_dim();
   }
+  // An int8 sequence's scale of that key (value) row: the row stands for float(q) * scale.
+  float key_scale(Index layer, Index h, Index position) const {
+    static_assert(KVBlockPool<S>::kScaled, "gpt2: only an int8 pool has scales");
+    return pool_->key_scale_page(check_layer(layer), page_of(position), check_head(h))
+        [position % pool_->block_rows()];
+  }
+  float value_scale(Index layer, Index h, Index position) const {
+    static_assert(KVBlockPool<S>::kScaled, "gpt2: only an int8 pool has scales");
+    return pool_->value_scale_page(check_layer(layer), page_of(position), check_head(h))
+        [position % pool_->block_rows()];
+  }
 
   // Copies of head h's keys (values) [length, head_dim] in a layer, gathered from the blocks: an
   // explicit, allocating copy for inspection and tests (the forwards read the blocks in place).
@@ -400,15 +464,24 @@ class PagedSequence {
   // The page lists of a layer, as the attention core reads them (HeadPages): for head h,
   // pages()[2 h * n] .. are the n = table().size() key pages, pages()[(2 h + 1) n] .. the value
   // pages. Filled by fill_pages(layer) (no allocation when reserve() covered the length).
+  // An int8 sequence's scale pages are listed likewise in scale_pages().
   const std::vector<const Element*>& pages() const { return pages_; }
+  const std::vector<const float*>& scale_pages() const { return scale_pages_; }
   void fill_pages(Index layer) {
     check_layer(layer);
     const std::size_t n = table_.size(), H = static_cast<std::size_t>(config().n_head);
     pages_.resize(2 * H * n);
+    if constexpr (KVBlockPool<S>::kScaled) scale_pages_.resize(2 * H * n);
     for (std::size_t h = 0; h < H; ++h)
       for (std::size_t i = 0; i < n; ++i) {
         pages_[2 * h * n + i] = pool_->key_page(layer, table_[i], static_cast<Index>(h));
         pages_[(2 * h + 1) * n + i] = pool_->value_page(layer, table_[i], static_cast<Index>(h));
+        if constexpr (KVBlockPool<S>::kScaled) {
+          scale_pages_[2 * h * n + i] =
+              pool_->key_scale_page(layer, table_[i], static_cast<Index>(h));
+          scale_pages_[(2 * h + 1) * n + i] =
+              pool_->value_scale_page(layer, table_[i], static_cast<Index>(h));
+        }
       }
   }
 
@@ -422,6 +495,10 @@ class PagedSequence {
     kv.row_stride = hd;
     kv.n_keys = length_;
     kv.head_dim = hd;
+    if constexpr (KVBlockPool<S>::kScaled) {
+      kv.key_scale_pages = scale_pages_.data() + 2 * h * n;
+      kv.value_scale_pages = scale_pages_.data() + (2 * h + 1) * n;
+    }
     return kv;
   }
 
@@ -434,10 +511,16 @@ class PagedSequence {
     for (Index i = 0; i < k.rows(); ++i) {
       const Index b = table_[static_cast<std::size_t>((p + i) / br)], r = (p + i) % br;
       const Index offset = pool_->page_offset(b, h) + r * hd;
-      detail::KVStorageTraits<S>::put(k.row(i).data() + h * hd, hd,
-                                      pool_->keys_[li].data() + offset);
-      detail::KVStorageTraits<S>::put(v.row(i).data() + h * hd, hd,
-                                      pool_->values_[li].data() + offset);
+      float* key_scale = nullptr;
+      float* value_scale = nullptr;
+      if constexpr (KVBlockPool<S>::kScaled) {
+        key_scale = pool_->scale_page(pool_->key_scales_, layer, b, h) + r;
+        value_scale = pool_->scale_page(pool_->value_scales_, layer, b, h) + r;
+      }
+      detail::put_row<S>(k.row(i).data() + h * hd, hd, pool_->keys_[li].data() + offset,
+                         key_scale);
+      detail::put_row<S>(v.row(i).data() + h * hd, hd, pool_->values_[li].data() + offset,
+                         value_scale);
     }
   }
 
@@ -465,7 +548,9 @@ class PagedSequence {
   template <class V>
   void check_disjoint(const char* what, const V& view) const {
     if (detail::overlaps(view, pool_->key_storage(0)) ||
-        detail::overlaps(view, pool_->value_storage(0)))
+        detail::overlaps(view, pool_->value_storage(0)) ||
+        detail::overlaps(view, pool_->key_scale_storage(0)) ||
+        detail::overlaps(view, pool_->value_scale_storage(0)))
       throw ShapeError(std::string(what) + ": must not overlap the KV block pool");
   }
   // Batched forwards grow their sequences together, all or nothing (KVBlockPool::grow_each): one
@@ -525,6 +610,7 @@ class PagedSequence {
   std::vector<std::int32_t> table_;  // blocks_for(length_) block ids
   Index length_ = 0;
   std::vector<const Element*> pages_;  // fill_pages' page lists
+  std::vector<const float*> scale_pages_;  // int8: their scales' pages
 };
 
 template <class S>
@@ -626,7 +712,9 @@ class PagedLayer {
   void check_disjoint(const char* what, const V& view) const {
     const KVBlockPool<S>& pool = seq_->pool();
     if (detail::overlaps(view, pool.key_storage(layer_)) ||
-        detail::overlaps(view, pool.value_storage(layer_)))
+        detail::overlaps(view, pool.value_storage(layer_)) ||
+        detail::overlaps(view, pool.key_scale_storage(layer_)) ||
+        detail::overlaps(view, pool.value_scale_storage(layer_)))
       throw ShapeError(std::string(what) + ": must not overlap the KV block pool");
   }
 
@@ -640,14 +728,18 @@ class PagedLayer {
 #if GPT2_ATTENTION_EXTERN_FORWARDS
 GPT2_ATTENTION_FORWARD(float, PagedSequence<float>)
 GPT2_ATTENTION_FORWARD(float, PagedSequence<bfloat16>)
+GPT2_ATTENTION_FORWARD(float, PagedSequence<int8>)
 GPT2_ATTENTION_FORWARD(float, PagedLayer<float>)
 GPT2_ATTENTION_FORWARD(float, PagedLayer<bfloat16>)
+GPT2_ATTENTION_FORWARD(float, PagedLayer<int8>)
 GPT2_ATTENTION_FORWARD(double, PagedSequence<double>)
 GPT2_ATTENTION_FORWARD(double, PagedLayer<double>)
 GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<PagedSequence<float>>)
 GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<PagedSequence<bfloat16>>)
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::CacheList<PagedSequence<int8>>)
 GPT2_ATTENTION_BATCH_FORWARD(float, detail::PagedLayers<float>)
 GPT2_ATTENTION_BATCH_FORWARD(float, detail::PagedLayers<bfloat16>)
+GPT2_ATTENTION_BATCH_FORWARD(float, detail::PagedLayers<int8>)
 GPT2_ATTENTION_BATCH_FORWARD(double, detail::CacheList<PagedSequence<double>>)
 GPT2_ATTENTION_BATCH_FORWARD(double, detail::PagedLayers<double>)
 #endif

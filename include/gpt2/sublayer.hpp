@@ -7,7 +7,7 @@
 //
 // written once (detail/pipeline.hpp) over the sublayer (AttentionWeights<T>, or a
 // TensorParallelAttention<T> shard: tensor_parallel.hpp) and over the cache concept (kv_cache.hpp:
-// KVCache<float|double|bfloat16>, PagedSequence, PagedLayer). Splitting a sequence into chunks in
+// KVCache<float|double|bfloat16|int8>, PagedSequence, PagedLayer). Splitting a sequence into chunks in
 // any way gives the result of one forward over the whole sequence: bitwise in float at the vector
 // levels, up to rounding at the generic level and in double (docs/accuracy.md).
 #pragma once
@@ -60,7 +60,8 @@ void attention_forward(const S<T>& sublayer, const Eigen::MatrixBase<D>& x, Work
 // out = GPT-2 attention sublayer over new tokens, through a KV cache (any model of the concept).
 //   x [T_new, C] (read; positions n_past .. n_past + T_new - 1 of the sequence in `cache`)
 //   cache: holds n_past positions; gains T_new (CapacityError, cache unchanged, if they do not
-//          fit); a bf16 cache (KVCache<bfloat16>, PagedSequence<bfloat16>) serves float forwards
+//          fit); a bf16 or int8 cache (KVCache<bfloat16>, KVCache<int8>, PagedSequence<...>) serves
+//          float forwards
 //   ws: scratch; grown on the first call to T_new tokens and the cache's capacity in keys, so later
 //       calls with at most as many new tokens allocate nothing (a decode step never does)
 //   out [T_new, C] (written; may be the same storage as x, must not overlap the cache)
@@ -142,6 +143,7 @@ GPT2_ATTENTION_EXTERN template const kernels::Kernels<double>& kernels::generic_
 GPT2_ATTENTION_FORWARD(float, detail::NoCache)
 GPT2_ATTENTION_FORWARD(float, KVCache<float>)
 GPT2_ATTENTION_FORWARD(float, KVCache<bfloat16>)
+GPT2_ATTENTION_FORWARD(float, KVCache<int8>)
 GPT2_ATTENTION_FORWARD(double, detail::NoCache)
 GPT2_ATTENTION_FORWARD(double, KVCache<double>)
 #endif

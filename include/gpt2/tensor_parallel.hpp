@@ -11,7 +11,7 @@
 // and every forward of sublayer.hpp and batch.hpp takes it in place of the weights: it is a
 // wrapper, with the same forward (agreement, this rank's heads, all-reduce), so packed weights
 // (float32 or bf16: the shard packs its copies as the given weights are packed), every KV cache
-// (KVCache<float|double|bfloat16>, paged sequences) and batches work under it. Every rank ends with
+// (KVCache<float|double|bfloat16|int8>, paged sequences) and batches work under it. Every rank ends with
 // the whole out [T, C]; its caches and workspaces hold its heads only (shard_config(): memory per
 // rank falls as 1/R); probabilities, where written, are its heads' [H_r * T, n_keys].
 //
@@ -315,7 +315,7 @@ class TensorParallelAttention {
   }
 
   // A KV cache for this rank's heads, room for max_tokens positions (2 H_r max_tokens head_dim
-  // elements; S: float, double or bfloat16, as for KVCache), and a workspace for this rank's
+  // elements; S: float, double, bfloat16 or int8, as for KVCache), and a workspace for this rank's
   // forwards (as Workspace(config, max_tokens, max_keys), with the projections' packing buffers
   // sized for the shard's [C, 3 C_r] and [C_r, C]).
   template <class S = T>
@@ -519,18 +519,23 @@ struct SublayerTraits<TensorParallelAttention<T>> {
 GPT2_ATTENTION_TP_FORWARD(float, detail::NoCache)
 GPT2_ATTENTION_TP_FORWARD(float, KVCache<float>)
 GPT2_ATTENTION_TP_FORWARD(float, KVCache<bfloat16>)
+GPT2_ATTENTION_TP_FORWARD(float, KVCache<int8>)
 GPT2_ATTENTION_TP_FORWARD(float, PagedSequence<float>)
 GPT2_ATTENTION_TP_FORWARD(float, PagedSequence<bfloat16>)
+GPT2_ATTENTION_TP_FORWARD(float, PagedSequence<int8>)
 GPT2_ATTENTION_TP_FORWARD(double, detail::NoCache)
 GPT2_ATTENTION_TP_FORWARD(double, KVCache<double>)
 GPT2_ATTENTION_TP_FORWARD(double, PagedSequence<double>)
 GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::NoCaches)
 GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<KVCache<float>>)
 GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<KVCache<bfloat16>>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<KVCache<int8>>)
 GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<PagedSequence<float>>)
 GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<PagedSequence<bfloat16>>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::CacheList<PagedSequence<int8>>)
 GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::PagedLayers<float>)
 GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::PagedLayers<bfloat16>)
+GPT2_ATTENTION_TP_BATCH_FORWARD(float, detail::PagedLayers<int8>)
 GPT2_ATTENTION_TP_BATCH_FORWARD(double, detail::NoCaches)
 GPT2_ATTENTION_TP_BATCH_FORWARD(double, detail::CacheList<KVCache<double>>)
 GPT2_ATTENTION_TP_BATCH_FORWARD(double, detail::CacheList<PagedSequence<double>>)

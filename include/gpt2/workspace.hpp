@@ -30,8 +30,9 @@ template <class T>
 constexpr Index kScoreRowAlign = 64 / static_cast<Index>(sizeof(T));
 
 // One thread's scratch for the attention of one head: the fused core's tile buffer
-// (kernels::tile_scratch_size: independent of the number of keys) and, only once probabilities are
-// asked for, their [kTileMaxRows, n_keys] score rows and a block of keys widened from bf16. Grows on
+// (kernels::tile_scratch_size: independent of the number of keys), only once probabilities are
+// asked for their [kTileMaxRows, n_keys] score rows and a block of keys widened from bf16, and only
+// for an int8 cache its keys and values dequantized to float32 (reserve_dequantized). Grows on
 // demand; reserve() (and reserve_probabilities()) up front for allocation-free calls. Not
 // thread-safe: one per thread.
 template <class T>
@@ -73,13 +74,39 @@ class AttentionScratch {
   }
   T* tile() { return tile_.get(); }
 
+  // Room for the keys and values of up to max_keys positions of width head_dim dequantized from an
+  // int8 cache (the forwards through one call it: a multi-row tile dequantizes every key it sees,
+  // a decode step a chunk of key blocks at a time): two buffers of max_keys rounded up to
+  // kKeyBlock rows, padded_head_dim(head_dim) apart, and a page list of kKeyBlock rows for each.
+  // If an allocation throws, the scratch stays usable.
+  void reserve_dequantized(Index max_keys, Index head_dim) {
+    const Index blocks = std::max<Index>(1, (max_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock);
+    const Index want = 2 * blocks * kernels::kKeyBlock * kernels::padded_head_dim(head_dim);
+    if (dequantized_pages_.size() < 2 * static_cast<std::size_t>(blocks)) {
+      std::vector<const T*> grown(2 * static_cast<std::size_t>(blocks));
+      dequantized_pages_.swap(grown);
+    }
+    if (dequantized_size_ >= want) return;
+    std::unique_ptr<T, AlignedDelete> grown(static_cast<T*>(
+        ::operator new(static_cast<std::size_t>(want) * sizeof(T), std::align_val_t(64))));
+    dequantized_.swap(grown);
+    dequantized_size_ = want;
+  }
+  // The dequantized keys (first half) and values (second half), dequantized_size() scalars,
+  // 64-byte aligned; the page lists: keys' at [0, n), values' at [n, 2 n), n =
+  // dequantized_pages().size() / 2 blocks.
+  T* dequantized() { return dequantized_.get(); }
+  Index dequantized_size() const { return dequantized_size_; }
+  std::vector<const T*>& dequantized_pages() { return dequantized_pages_; }
+
   // Whether the fused core's products run in bf16 (the weights' precision, set by the forwards):
   // where a level has a bf16 core for them, its buffer may be larger (reserve_tile).
   bool bf16_products() const { return bf16_products_; }
   void set_bf16_products(bool on) { bf16_products_ = on; }
 
   Index bytes() const {
-    return (tile_size_ + scores.size() + widened.size()) * static_cast<Index>(sizeof(T));
+    return (tile_size_ + scores.size() + widened.size() + dequantized_size_) *
+           static_cast<Index>(sizeof(T));
   }
 
   RowMatrix<T> scores;    // [kTileMaxRows, max_keys rounded up to kScoreRowAlign<T>]
@@ -92,6 +119,9 @@ class AttentionScratch {
   std::unique_ptr<T, AlignedDelete> tile_;
   Index tile_size_ = 0;
   bool bf16_products_ = false;
+  std::unique_ptr<T, AlignedDelete> dequantized_;  // int8 caches' keys, then values
+  Index dequantized_size_ = 0;
+  std::vector<const T*> dequantized_pages_;
 };
 
 // The scratch one thread of a forward works in.

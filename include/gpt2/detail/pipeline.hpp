@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -30,6 +31,7 @@
 #include "gpt2/config.hpp"
 #include "gpt2/detail/parallel.hpp"
 #include "gpt2/error.hpp"
+#include "gpt2/kernels/int8_dequant.hpp"
 #include "gpt2/kernels/pack.hpp"
 #include "gpt2/kernels/table.hpp"
 #include "gpt2/types.hpp"
@@ -140,9 +142,12 @@ void check_workspace_overlap(const Workspace<T>& ws, Index rows, const MatrixRef
 // The workspace grown for `rows` tokens attending to max_keys keys, and its packing buffers for
 // the sublayer's products ([rows, C] x [C, 3 C_h] and [rows, C_h] x [C_h, C]); the weights'
 // precision recorded in every thread's attention scratch (and its tile buffer sized for it, before
-// any thread starts, so that no forward allocates later whichever threads its tiles land on).
+// any thread starts, so that no forward allocates later whichever threads its tiles land on);
+// with `dequantizes` (an int8 cache), every thread's room for the workspace's key capacity in
+// dequantized keys and values.
 template <class T>
-void reserve_for(const Sublayer<T>& s, Index rows, Index max_keys, Workspace<T>& ws) {
+void reserve_for(const Sublayer<T>& s, Index rows, Index max_keys, Workspace<T>& ws,
+                 bool dequantizes = false) {
   ws.reserve(rows, std::max(max_keys, rows));
   const Index C = s.n_embd, Ch = s.heads.n_embd;
   const bool int8 = s.c_attn.packed != nullptr && s.c_attn.packed->dtype() == WeightDtype::int8;
@@ -151,8 +156,17 @@ void reserve_for(const Sublayer<T>& s, Index rows, Index max_keys, Workspace<T>&
     if (int8) t.gemm.reserve_int8(rows, std::max(C, Ch));
     t.attention.set_bf16_products(s.bf16_products);
     t.attention.reserve_tile(s.heads.head_dim());
+    if (dequantizes) t.attention.reserve_dequantized(ws.key_capacity(), s.heads.head_dim());
   }
 }
+
+// Whether a cache (or the keys of a forward) C holds int8 rows: its forwards dequantize what they
+// read into the threads' scratch (reserve_for's `dequantizes`).
+template <class C, class = void>
+struct StoresInt8 : std::false_type {};
+template <class C>
+struct StoresInt8<C, std::void_t<typename C::Element>>
+    : std::is_same<typename C::Element, std::int8_t> {};
 
 // Threads a forward uses: num_threads(), capped by the workspace's thread slots.
 template <class T>
@@ -317,64 +331,140 @@ kernels::AttentionTile<T> tile_over(const ConstMatrixRef<T>& q, const HeadPages<
   return t;
 }
 
+// ---- int8 pages: dequantized into the thread's scratch, read by the float kernels ---------------
+
+// Key blocks a decode step over int8 pages dequantizes at a time (keys and values: 2 x 32 KB at
+// head_dim 64, in L2 while the row's partials read them).
+inline constexpr Index kDequantBlocks = 2;
+
+// What dequantize_head converts: key rows and value rows (a tile), key rows only (probabilities),
+// or the transposed key blocks where kv has them (one page: a contiguous cache) and the level
+// reads them (else key rows), and value rows (a decode step).
+enum class Dequantize { rows, keys, decode };
+
+// Rows [j0, j1) of int8 head kv (j0 a multiple of kKeyBlock) dequantized into the scratch
+// (float(q) * scale: kernels/int8_dequant.hpp, at level isa; the same bits at every level), each
+// at its own position: float pages of kKeyBlock rows, padded_head_dim apart, and keys_t when
+// converted, with kv's n_keys; rows [j0, j1) are kv's dequantized (no others may be read). No
+// allocation once reserve_for has reserved the scratch for j1 keys.
+inline HeadPages<float> dequantize_head(Isa isa, const HeadPages<std::int8_t>& kv, Index j0,
+                                        Index j1, Dequantize what,
+                                        AttentionScratch<float>& scratch) {
+  const Index hd = kv.head_dim, ld = kernels::padded_head_dim(hd), kb = kernels::kKeyBlock;
+  scratch.reserve_dequantized(j1, hd);
+  std::vector<const float*>& pages = scratch.dequantized_pages();
+  const Index blocks = static_cast<Index>(pages.size() / 2);
+  float* const keys = scratch.dequantized();
+  float* const vals = keys + scratch.dequantized_size() / 2;
+  HeadPages<float> f;
+  f.key_pages = pages.data();
+  f.value_pages = pages.data() + blocks;
+  f.page_rows = kb;
+  f.row_stride = ld;
+  f.n_keys = kv.n_keys;
+  f.head_dim = hd;
+  for (Index b = j0 / kb; b * kb < j1; ++b) {
+    pages[static_cast<std::size_t>(b)] = keys + b * kb * ld;
+    pages[static_cast<std::size_t>(blocks + b)] = vals + b * kb * ld;
+  }
+  // (the vector levels' one-row steps read keys_t; the generic level's read key rows)
+  if (what == Dequantize::decode && kv.keys_t != nullptr && isa != Isa::generic) {
+    kernels::dequantize_key_blocks(isa, kv.keys_t, kv.key_scale_pages[0], j0 / kb,
+                                   (j1 + kb - 1) / kb, hd, keys);
+    f.keys_t = keys;
+  } else {
+    kernels::dequantize_rows(isa, kv.key_pages, kv.key_scale_pages, kv.page_rows, kv.row_stride,
+                             j0, j1 - j0, hd, keys + j0 * ld, ld);
+  }
+  if (what != Dequantize::keys)
+    kernels::dequantize_rows(isa, kv.value_pages, kv.value_scale_pages, kv.page_rows,
+                             kv.values_stride(), j0, j1 - j0, hd, vals + j0 * ld, ld);
+  return f;
+}
+
 // Query rows r0 .. r0 + nb - 1 of q [T, head_dim] attend over kv: out's rows r0 ... A row's bits
-// depend only on its position and data (not on r0, nb or how the keys are paged).
+// depend only on its position and data (not on r0, nb or how the keys are paged). int8 pages: the
+// keys and values the tile sees (0 .. its last row's position) dequantized first.
 template <class T, class E>
 void attend_rows(const kernels::Kernels<T>& k, const ConstMatrixRef<T>& q, const HeadPages<E>& kv,
                  Index r0, Index nb, MatrixRef<T>& out, AttentionScratch<T>& scratch) {
   if (nb <= 0) return;
-  k.attention_tile(tile_over<T, E>(q, kv, r0, nb, out, scratch));
+  if constexpr (std::is_same<E, std::int8_t>::value) {
+    const Index seen = kv.n_keys - q.rows() + r0 + nb;
+    const HeadPages<T> f = dequantize_head(k.isa, kv, 0, seen, Dequantize::rows, scratch);
+    k.attention_tile(tile_over<T, T>(q, f, r0, nb, out, scratch));
+  } else {
+    k.attention_tile(tile_over<T, E>(q, kv, r0, nb, out, scratch));
+  }
 }
 
 // The probabilities of rows r0 .. r0 + nb - 1 (nb <= kTileMaxRows) of q [T, head_dim] over kv:
 // probs' rows r0 .. (keys past the tile's last row 0). Scores key by key over the pages (bf16 keys
-// widened a block at a time), then each row's softmax: a row's probabilities depend on its own data
-// only. The scratch has room (reserve_probabilities). The output comes from the fused core either
-// way, so asking for the probabilities never changes it.
+// widened a block at a time, int8 keys dequantized first), then each row's softmax: a row's
+// probabilities depend on its own data only. The scratch has room (reserve_probabilities). The
+// output comes from the fused core either way, so asking for the probabilities never changes it.
 template <class T, class E>
 void probability_rows(const kernels::Kernels<T>& k, const ConstMatrixRef<T>& q,
                       const HeadPages<E>& kv, Index r0, Index nb, MatrixRef<T>& probs,
                       AttentionScratch<T>& scratch) {
   const Index hd = q.cols(), n_past = kv.n_keys - q.rows(), n_visible = n_past + r0 + nb;
-  const T scale = T(1) / std::sqrt(T(hd));
-  MatrixRef<T> att = scratch.scores.topLeftCorner(nb, n_visible);
-  for (Index j0 = 0; j0 < n_visible;) {  // a run of keys within one page and one block
-    const Index page = j0 / kv.page_rows, in_page = j0 % kv.page_rows;
-    const Index n = std::min({n_visible - j0, kv.page_rows - in_page, kernels::kKeyBlock});
-    const T* keys;
-    Index ldk;
-    if constexpr (std::is_same<E, std::uint16_t>::value) {
-      for (Index j = 0; j < n; ++j)
-        for (Index d = 0; d < hd; ++d)
-          scratch.widened(j, d) =
-              kernels::bf16_to_float(kv.key_pages[page][(in_page + j) * kv.row_stride + d]);
-      keys = scratch.widened.data();
-      ldk = scratch.widened.outerStride();
-    } else {
-      keys = kv.key_pages[page] + in_page * kv.row_stride;
-      ldk = kv.row_stride;
+  if constexpr (std::is_same<E, std::int8_t>::value) {
+    const HeadPages<T> f = dequantize_head(k.isa, kv, 0, n_visible, Dequantize::keys, scratch);
+    probability_rows<T, T>(k, q, f, r0, nb, probs, scratch);
+  } else {
+    const T scale = T(1) / std::sqrt(T(hd));
+    MatrixRef<T> att = scratch.scores.topLeftCorner(nb, n_visible);
+    for (Index j0 = 0; j0 < n_visible;) {  // a run of keys within one page and one block
+      const Index page = j0 / kv.page_rows, in_page = j0 % kv.page_rows;
+      const Index n = std::min({n_visible - j0, kv.page_rows - in_page, kernels::kKeyBlock});
+      const T* keys;
+      Index ldk;
+      if constexpr (std::is_same<E, std::uint16_t>::value) {
+        for (Index j = 0; j < n; ++j)
+          for (Index d = 0; d < hd; ++d)
+            scratch.widened(j, d) =
+                kernels::bf16_to_float(kv.key_pages[page][(in_page + j) * kv.row_stride + d]);
+        keys = scratch.widened.data();
+        ldk = scratch.widened.outerStride();
+      } else {
+        keys = kv.key_pages[page] + in_page * kv.row_stride;
+        ldk = kv.row_stride;
+      }
+      for (Index i = 0; i < nb; ++i)
+        k.row_times_transposed(n, hd, q.data() + (r0 + i) * q.outerStride(), keys, ldk,
+                               &att(i, j0));
+      j0 += n;
     }
-    for (Index i = 0; i < nb; ++i)
-      k.row_times_transposed(n, hd, q.data() + (r0 + i) * q.outerStride(), keys, ldk, &att(i, j0));
-    j0 += n;
+    for (Index i = 0; i < nb; ++i) k.softmax_row(&att(i, 0), n_past + r0 + i + 1, n_visible, scale);
+    probs.middleRows(r0, nb).leftCols(n_visible) = att;
+    probs.middleRows(r0, nb).rightCols(probs.cols() - n_visible).setZero();
   }
-  for (Index i = 0; i < nb; ++i) k.softmax_row(&att(i, 0), n_past + r0 + i + 1, n_visible, scale);
-  probs.middleRows(r0, nb).leftCols(n_visible) = att;
-  probs.middleRows(r0, nb).rightCols(probs.cols() - n_visible).setZero();
 }
 
 // A decode step's row split over threads: the partials of q's last row (position kv.n_keys - 1)
 // over key blocks [b0, b1), and the row from all of them: merged in block order they give
-// attend_rows' bits.
+// attend_rows' bits. int8 pages: kDequantBlocks blocks dequantized at a time, then their partials.
 template <class T, class E>
 void row_partials(const kernels::Kernels<T>& k, const ConstMatrixRef<T>& q, const HeadPages<E>& kv,
                   Index b0, Index b1, T* parts, AttentionScratch<T>& scratch) {
-  Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>> no_out(nullptr, 0, 0, Eigen::OuterStride<>(1));
-  MatrixRef<T> none(no_out);
-  kernels::AttentionTile<T> t = tile_over<T, E>(q, kv, q.rows() - 1, 1, none, scratch);
-  t.next_q = nullptr;
-  t.next_rows = 0;
-  k.row_partials(t, b0, b1, parts);
+  if constexpr (std::is_same<E, std::int8_t>::value) {
+    const Index stride = kernels::partial_stride(kv.head_dim);
+    for (Index c0 = b0; c0 < b1; c0 += kDequantBlocks) {
+      const Index c1 = std::min(b1, c0 + kDequantBlocks);
+      const HeadPages<T> f = dequantize_head(k.isa, kv, c0 * kernels::kKeyBlock,
+                                             std::min(c1 * kernels::kKeyBlock, kv.n_keys),
+                                             Dequantize::decode, scratch);
+      row_partials<T, T>(k, q, f, c0, c1, parts + (c0 - b0) * stride, scratch);
+    }
+  } else {
+    Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>> no_out(nullptr, 0, 0,
+                                                             Eigen::OuterStride<>(1));
+    MatrixRef<T> none(no_out);
+    kernels::AttentionTile<T> t = tile_over<T, E>(q, kv, q.rows() - 1, 1, none, scratch);
+    t.next_q = nullptr;
+    t.next_rows = 0;
+    k.row_partials(t, b0, b1, parts);
+  }
 }
 template <class T>
 void merge_row_partials(const kernels::Kernels<T>& k, Index head_dim, Index n_keys, const T* parts,
@@ -682,7 +772,7 @@ void forward(const S& sublayer, const ConstMatrixRef<T>& x, Cache& cache, Worksp
             if (probs) cache.check_disjoint("probs", *probs);
           }
           if (T_ == 0) return;
-          reserve_for(s, T_, keys_to_reserve(cache, T_, 0), ws);
+          reserve_for(s, T_, keys_to_reserve(cache, T_, 0), ws, StoresInt8<Cache>::value);
           check_workspace_overlap<T>(ws, T_, out, probs);
           if (overlaps(x, ws.qkv.topRows(T_))) throw ShapeError("x: must not overlap the workspace");
           p = cache.begin_append(T_);  // CapacityError: nothing changed

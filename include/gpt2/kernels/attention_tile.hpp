@@ -51,7 +51,8 @@
 namespace gpt2 {
 
 // One head's keys and values held in pages of page_rows positions, in the element type E the cache
-// stores (float, double, or std::uint16_t: bf16 bits): key row j (0 <= j < n_keys) is
+// stores (float, double, std::uint16_t: bf16 bits, or std::int8_t: int8 values with a scale per
+// row): key row j (0 <= j < n_keys) is
 //   key_pages[j / page_rows] + (j % page_rows) * row_stride   (head_dim contiguous elements),
 // value row j likewise in value_pages (value_stride, or row_stride when 0). page_rows is a
 // multiple of 16, or >= n_keys (one page). What every KV cache gives the attention core
@@ -69,6 +70,11 @@ struct HeadPages {
   // read by the vector levels' one-row steps instead of the key rows (the same bits). Null: none.
   const E* keys_t = nullptr;
   Index value_stride = 0;  // 0: row_stride
+  // int8 pages (E = std::int8_t) only: the float32 scale of key row j at
+  // key_scale_pages[j / page_rows][j % page_rows] (the same paging as the rows), of value row j
+  // likewise in value_scale_pages; the row stands for float(q) * scale (kernels/int8_dequant.hpp).
+  const float* const* key_scale_pages = nullptr;
+  const float* const* value_scale_pages = nullptr;
   Index values_stride() const { return value_stride > 0 ? value_stride : row_stride; }
 };
 
