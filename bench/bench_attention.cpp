@@ -8,6 +8,9 @@
 //                               from DRAM); time per layer. Counter `bytes`: bytes read per step
 //   decode_model_bf16/past:1023 the same with bf16 weights and a bf16 KV cache (KVCacheBF16);
 //                               decode_model_bf16_f32cache: bf16 weights, float32 cache
+//   decode_model_int8/past:1023 the same with int8 weights and an int8 KV cache (KVCacheInt8)
+//   prefill_bf16, prefill_int8, decode_bf16, decode_int8, stage_qkv_bf16, stage_qkv_int8: prefill,
+//                               decode and stage_qkv with bf16 or int8 weights (a float32 cache)
 //   decode_batch/B:N/past:1023  one batched decode step of N sequences, each with its own cache (one
 //                               layer): time per step, tokens_per_second counts the N tokens
 //                               (also B:64/past:512, the contiguous twin of decode_shared_prefix)
@@ -297,6 +300,7 @@ struct Model {
   std::vector<Gpt2SmallLayer> layers;
   std::vector<gpt2::KVCache<float>> caches;
   std::vector<gpt2::KVCacheBF16> bf16_caches;  // the same positions, keys and values in bf16
+  std::vector<gpt2::KVCacheInt8> int8_caches;  // and in int8
   Index past = -1;
 };
 
@@ -306,6 +310,7 @@ Model& decode_model_state(Index past) {
   m.layers.clear();
   m.caches.clear();
   m.bf16_caches.clear();
+  m.int8_caches.clear();
   const RowMatrix<float> x = input(past);
   RowMatrix<float> out(past, kC);
   gpt2::Workspace<float> ws(gpt2::AttentionConfig{kC, kHeads}, past, past + 1);
@@ -315,6 +320,8 @@ Model& decode_model_state(Index past) {
     gpt2::attention_forward<float>(m.layers.back().weights(), x, m.caches.back(), ws, out);
     m.bf16_caches.emplace_back(gpt2::AttentionConfig{kC, kHeads}, past + 1);
     gpt2::attention_forward<float>(m.layers.back().weights(), x, m.bf16_caches.back(), ws, out);
+    m.int8_caches.emplace_back(gpt2::AttentionConfig{kC, kHeads}, past + 1);
+    gpt2::attention_forward<float>(m.layers.back().weights(), x, m.int8_caches.back(), ws, out);
   }
   m.past = past;
   return m;
@@ -322,7 +329,8 @@ Model& decode_model_state(Index past) {
 
 // One decode step per iteration, through layer (iteration mod 12): the weights and cache of the
 // other 11 layers have pushed this one's out of the caches by then, as in a real model. With
-// bf16 weights the KV cache is bf16 too (KVCacheBF16) unless float_cache is set.
+// bf16 (int8) weights the KV cache is bf16 (int8) too, KVCacheBF16 (KVCacheInt8), unless
+// float_cache is set.
 void run_decode_model(benchmark::State& state, gpt2::WeightDtype dtype, bool float_cache = false) {
   if (!use_threads(state)) return;
   const Index past = state.range(0);
@@ -336,9 +344,13 @@ void run_decode_model(benchmark::State& state, gpt2::WeightDtype dtype, bool flo
   WallClock clock;
   clock.start();
   const bool bf16_cache = dtype == gpt2::WeightDtype::bf16 && !float_cache;
+  const bool int8_cache = dtype == gpt2::WeightDtype::int8 && !float_cache;
   for (auto _ : state) {
     const std::size_t l = static_cast<std::size_t>(layer);
-    if (bf16_cache) {
+    if (int8_cache) {
+      gpt2::attention_forward<float>(weights[l], x, m.int8_caches[l], ws, out);
+      m.int8_caches[l].truncate(past);
+    } else if (bf16_cache) {
       gpt2::attention_forward<float>(weights[l], x, m.bf16_caches[l], ws, out);
       m.bf16_caches[l].truncate(past);
     } else {
@@ -351,15 +363,20 @@ void run_decode_model(benchmark::State& state, gpt2::WeightDtype dtype, bool flo
   }
   clock.stop();
   set_counters(state, clock, 1, decode_flop(past));
-  // Read per step: the layer's weights (half of them in bf16), and the keys and values of past + 1
-  // positions (2 bytes each in a bf16 cache).
-  const double weight_bytes = dtype == gpt2::WeightDtype::bf16
+  // Read per step: the layer's weights (their packed copies in bf16 or int8, with the int8 scales;
+  // float32 biases), and the keys and values of past + 1 positions (2 bytes each in a bf16 cache;
+  // 1 in an int8 cache, plus a float32 scale per position and head).
+  const double weight_bytes = dtype != gpt2::WeightDtype::float32
                                   ? static_cast<double>(weights[0].packed_bytes()) + 4.0 * 4 * kC
                                   : Gpt2SmallLayer::bytes();
-  state.counters["bytes"] = weight_bytes + 2.0 * (bf16_cache ? 2.0 : 4.0) * kC * (past + 1);
+  const double row_bytes = int8_cache   ? 1.0 * kC + 4.0 * kHeads
+                           : bf16_cache ? 2.0 * kC
+                                        : 4.0 * kC;
+  state.counters["bytes"] = weight_bytes + 2.0 * row_bytes * (past + 1);
 }
 void decode_model(benchmark::State& state) { run_decode_model(state, gpt2::WeightDtype::float32); }
 void decode_model_bf16(benchmark::State& state) { run_decode_model(state, gpt2::WeightDtype::bf16); }
+void decode_model_int8(benchmark::State& state) { run_decode_model(state, gpt2::WeightDtype::int8); }
 void decode_model_bf16_f32cache(benchmark::State& state) {
   run_decode_model(state, gpt2::WeightDtype::bf16, true);
 }
@@ -608,6 +625,7 @@ BENCHMARK(prefill_bf16)->Name("prefill_bf16")->ArgsProduct({{64, 256, 1024, 2048
 BENCHMARK(prefill_int8)->Name("prefill_int8")->ArgsProduct({{64, 256, 1024}, kThreads})->ArgNames({"T", "threads"})->Unit(benchmark::kMillisecond);
 BENCHMARK(decode_int8)->Name("decode_int8")->ArgsProduct({{0, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_bf16)->Name("decode_bf16")->ArgsProduct({{0, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_model_int8)->Name("decode_model_int8")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_model_bf16)->Name("decode_model_bf16")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_model_bf16_f32cache)->Name("decode_model_bf16_f32cache")->ArgsProduct({{1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode)->Name("decode")->ArgsProduct({{0, 127, 1023}, kThreads})->ArgNames({"past", "threads"})->Unit(benchmark::kMicrosecond);

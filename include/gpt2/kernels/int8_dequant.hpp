@@ -41,6 +41,11 @@
 
 namespace gpt2::kernels {
 
+// Bytes ahead of the one being converted that the vector conversions prefetch: a decode step reads
+// the cache once, from memory, and converts it a chunk at a time, so the hardware's stream
+// prefetchers would start over at every chunk.
+inline constexpr Index kDequantAhead = 2048;
+
 // n rows of int8 values (q, rows q_stride apart) with their scales (scale[0, n)) into dst [n, ld]
 // (ld >= head_dim): the scalar code.
 inline void dequantize_run_scalar(const std::int8_t* q, Index q_stride, const float* scale, Index n,
@@ -79,9 +84,12 @@ GPT2_KERNEL_INT8_DEQUANT_AVX512 inline void dequantize_key_blocks_avx512(const s
     const Index base = b * head_dim * kKeyBlock;
     __m512 s[4];
     for (int g = 0; g < 4; ++g) s[g] = _mm512_loadu_ps(scale + b * kKeyBlock + 16 * g);
+    _mm_prefetch(reinterpret_cast<const char*>(scale + (b + 1) * kKeyBlock), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(scale + (b + 1) * kKeyBlock + 32), _MM_HINT_T0);
     for (Index d = 0; d < head_dim; ++d) {
       const std::int8_t* src = kt + base + d * kKeyBlock;
       float* out = dst + base + d * kKeyBlock;
+      _mm_prefetch(reinterpret_cast<const char*>(src + kDequantAhead), _MM_HINT_T0);
       for (int g = 0; g < 4; ++g) {
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * g));
         _mm512_storeu_ps(out + 16 * g,
@@ -122,6 +130,9 @@ GPT2_KERNEL_INT8_DEQUANT_AVX512 inline void dequantize_run_avx512(const std::int
   for (Index i = 0; i < n; ++i) {
     const std::int8_t* src = q + i * q_stride;
     float* row = dst + i * ld;
+    for (Index line = 0; line < head_dim; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(src + line + kDequantAhead), _MM_HINT_T0);
+    if (i % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(scale + i + 64), _MM_HINT_T0);
     const __m512 s = _mm512_set1_ps(scale[i]);
     Index d = 0;
     for (; d + 16 <= head_dim; d += 16) {
