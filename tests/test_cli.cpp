@@ -230,11 +230,22 @@ struct Layer {
 
   // The library's float output through a KVCacheBF16, all of x in one chunk.
   RowMatrix<float> forward_bf16_cache(const RowMatrix<float>& x, Index n_head) const {
-    const gpt2::AttentionWeights<float> w(
+    return forward_through<gpt2::KVCacheBF16>(x, n_head);
+  }
+  // The same through an int8 cache (KVCacheInt8), with the weights as they are or packed in int8.
+  RowMatrix<float> forward_int8_cache(const RowMatrix<float>& x, Index n_head,
+                                      bool int8_weights = false) const {
+    return forward_through<gpt2::KVCacheInt8>(x, n_head, int8_weights);
+  }
+  template <class Cache>
+  RowMatrix<float> forward_through(const RowMatrix<float>& x, Index n_head, bool int8_weights = false) const {
+    const gpt2::AttentionWeights<float> views(
         gpt2::make_config(kC, n_head), gpt2::view(c_attn_weight),
         gpt2::ConstVectorMap<float>(c_attn_bias.data(), c_attn_bias.size()), gpt2::view(c_proj_weight),
         gpt2::ConstVectorMap<float>(c_proj_bias.data(), c_proj_bias.size()));
-    gpt2::KVCacheBF16 cache(w.config(), x.rows());
+    const gpt2::AttentionWeights<float> w =
+        int8_weights ? gpt2::pack_weights(views, gpt2::WeightDtype::int8) : views;
+    Cache cache(w.config(), x.rows());
     gpt2::Workspace<float> ws(w.config());
     RowMatrix<float> out(x.rows(), kC);
     gpt2::attention_forward<float>(w, x, cache, ws, out);
@@ -708,7 +719,9 @@ TEST_F(CliTest, RunKvCacheBf16IsTheLibrarysBf16CacheForward) {
       {{"--output", "z.npy", "--prefill", "2", "--dtype", "f64", "--kv-cache", "bf16"},
        "--kv-cache bf16: not available with --dtype f64 (a bf16 cache serves float32 forwards)"},
       {{"--output", "z.npy", "--prefill", "2", "--kv-cache", "f16"},
-       "--kv-cache: expected f32 or bf16, got 'f16'"}};
+       "--kv-cache: expected f32, bf16 or int8, got 'f16'"},
+      {{"--output", "z.npy", "--prefill", "2", "--dtype", "f64", "--kv-cache", "int8"},
+       "--kv-cache int8: not available with --dtype f64 (an int8 cache serves float32 forwards)"}};
   for (const auto& [extra, message] : errors) {
     std::vector<std::string> bad(args.begin(), args.end() - 2);  // without --kv-cache bf16
     bad.insert(bad.end(), extra.begin(), extra.end());
@@ -717,6 +730,38 @@ TEST_F(CliTest, RunKvCacheBf16IsTheLibrarysBf16CacheForward) {
     EXPECT_EQ(r.err, "gpt2-attention: " + message + " (see gpt2-attention --help)\n");
   }
   EXPECT_EQ(dir.list(), before);
+}
+
+// run --prefill N --kv-cache int8 (with --dtype f32 and int8): the library's forward through a
+// KVCacheInt8, the same bytes for every N at the vector levels (within the file's tolerance at
+// generic), and different from the f32 cache's by the quantization of k and v.
+TEST_F(CliTest, RunKvCacheInt8IsTheLibrarysInt8CacheForward) {
+  for (const bool int8_weights : {false, true}) {
+    SCOPED_TRACE(int8_weights ? "--dtype int8" : "--dtype f32");
+    const std::vector<std::string> args = {"run", "--weights", "w.safetensors", "--input", "x.npy",
+                                           "--n-head", "4", "--kv-cache", "int8",
+                                           "--dtype", int8_weights ? "int8" : "f32"};
+    std::vector<std::string> whole = args;
+    whole.insert(whole.end(), {"--output", "y.npy", "--probs", "p.npy", "--prefill", std::to_string(kT)});
+    ASSERT_EQ(cli(whole).status, 0);
+    const RowMatrix<float> y = read_npy_matrix<float>(file("y.npy"), kT, kC);
+    EXPECT_TRUE(gpt2::test::near(y, layer0.forward_int8_cache(x, kHeads, int8_weights), kFloatTol));
+    const RowMatrix<float> y_f32_cache = layer0.forward<float>(x, kHeads);
+    EXPECT_FALSE(gpt2::test::near(y, y_f32_cache, kFloatTol));  // the quantization is there
+    EXPECT_TRUE(gpt2::test::near(y, y_f32_cache, 4e-2));
+    for (const Index n : {Index{0}, Index{1}, Index{4}, kT - 1}) {
+      SCOPED_TRACE("--prefill " + std::to_string(n));
+      std::vector<std::string> chunked = args;
+      chunked.insert(chunked.end(), {"--output", "yc.npy", "--probs", "pc.npy", "--prefill", std::to_string(n)});
+      EXPECT_SUCCESS(cli(chunked));
+      if (gpt2::active_isa() != gpt2::Isa::generic) {
+        EXPECT_EQ(read_text(file("yc.npy")), read_text(file("y.npy")));
+        EXPECT_EQ(read_text(file("pc.npy")), read_text(file("p.npy")));
+      } else {
+        EXPECT_TRUE(gpt2::test::near(read_npy_matrix<float>(file("yc.npy"), kT, kC), y, 5e-3));
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1059,9 +1104,12 @@ TEST_F(CliBatchTest, PrefillIsABatchedDecode) {
   }
 }
 
-// The same with --kv-cache bf16: one KVCacheBF16 per sequence; Y the same bytes for every N at the
-// vector levels, padded rows 0, within bf16's rounding of the f32 cache's.
+// The same with --kv-cache bf16 (int8): one KVCacheBF16 (KVCacheInt8) per sequence; Y the same
+// bytes for every N at the vector levels, padded rows 0, within bf16's rounding (int8's
+// quantization) of the f32 cache's.
 TEST_F(CliBatchTest, PrefillThroughBf16CachesIsABatchedDecode) {
+  for (const std::string kv : {"bf16", "int8"}) {
+  SCOPED_TRACE("--kv-cache " + kv);
   const std::vector<Index> starts = {0, 3, 1}, lengths = {kTb, 4, 0};
   const std::vector<std::string> flags = {"--starts", csv(starts), "--lengths", csv(lengths)};
   ASSERT_EQ(run_batch(flags).status, 0);
@@ -1070,10 +1118,10 @@ TEST_F(CliBatchTest, PrefillThroughBf16CachesIsABatchedDecode) {
   for (const Index n : {Index{0}, Index{1}, Index{3}, kTb}) {
     SCOPED_TRACE("--prefill " + std::to_string(n));
     std::vector<std::string> extra = flags;
-    extra.insert(extra.end(), {"--prefill", std::to_string(n), "--kv-cache", "bf16"});
+    extra.insert(extra.end(), {"--prefill", std::to_string(n), "--kv-cache", kv});
     EXPECT_SUCCESS(run_batch(extra));
     const RowMatrix<double> y = read_matrix_as_double(file("yb.npy"), "f32", {kB, kTb, kC});
-    EXPECT_TRUE(gpt2::test::near(y, y_plain, 2e-2));
+    EXPECT_TRUE(gpt2::test::near(y, y_plain, kv == "int8" ? 4e-2 : 2e-2));
     EXPECT_FALSE(gpt2::test::near(y, y_plain, kFloatTol));
     for (const Index row : padded_rows(starts, lengths))
       EXPECT_TRUE((y.row(row).array() == 0.0).all()) << "row " << row;
@@ -1082,6 +1130,7 @@ TEST_F(CliBatchTest, PrefillThroughBf16CachesIsABatchedDecode) {
     } else if (gpt2::active_isa() != gpt2::Isa::generic) {
       EXPECT_EQ(read_text(file("yb.npy")), y_first);
     }
+  }
   }
 }
 
@@ -1353,7 +1402,7 @@ TEST_F(CliBatchTest, SharePrefixGivesTheRunWithoutIt) {
 // bytes of the same batch through --prefill with --kv-cache bf16 (one contiguous bf16 cache per
 // sequence) at every level but generic (there within the float tolerance) and amx (its AMX core
 // runs the tiles of 16 rows or more, the float32 core the shorter ones: within kAmxChunkTol), with
-// float32 and bf16 weights; and P is the plain run's.
+// float32 and bf16 weights; the same for an int8 cache with int8 weights; and P is the plain run's.
 constexpr double kAmxChunkTolSynthetic = 5e-4;
 TEST_F(CliBatchTest, SharePrefixWithBf16CacheGivesThePrefillRunsBytes) {
   const std::vector<Index> starts = {0, 1, 2}, lengths = {7, 6, 4};
@@ -1362,15 +1411,16 @@ TEST_F(CliBatchTest, SharePrefixWithBf16CacheGivesThePrefillRunsBytes) {
     shared.middleRows(b * kTb + starts[static_cast<std::size_t>(b)], 4) = xb.topRows(4);
   write_batch("xs.npy", shared);
   for (const std::string& level : available_levels()) {
-    for (const std::string dtype : {"f32", "bf16"}) {
+    for (const auto& [dtype, kv] : std::vector<std::pair<std::string, std::string>>{
+             {"f32", "bf16"}, {"bf16", "bf16"}, {"int8", "int8"}}) {
       // "": --share-prefix without --prefill (the rest of each sequence in one step), against
       // --prefill 7 (every sequence in one chunk)
       for (const std::string prefill : {"", "0", "2", "4", "5", "7"}) {
-        SCOPED_TRACE(level + " --dtype " + dtype + " --prefill '" + prefill + "'");
+        SCOPED_TRACE(level + " --dtype " + dtype + " --kv-cache " + kv + " --prefill '" + prefill + "'");
         const std::vector<std::string> base = {
             "run", "--weights", "w.safetensors", "--input", "xs.npy", "--n-head", "4", "--output",
             "yb.npy", "--probs", "pb.npy", "--starts", csv(starts), "--lengths", csv(lengths),
-            "--dtype", dtype, "--kv-cache", "bf16"};
+            "--dtype", dtype, "--kv-cache", kv};
         std::vector<std::string> plain_args = base;
         plain_args.insert(plain_args.end(), {"--prefill", prefill.empty() ? "7" : prefill});
         ASSERT_EQ(cli_at(level, plain_args).status, 0);
@@ -1633,7 +1683,7 @@ TEST_F(CliTest, HelpPrintsUsageToStdout) {
                                    "With B = 0,\n                   leave --lengths and --starts out",
                                    "B = 0 or T = 0 gives empty outputs", "fails at once (out of memory)",
                                    "--png FILE.png", "--png-scale linear|sqrt", "keys after the query grey",
-                                   "[--dtype f32|f64|bf16|int8]", "[--dtype f32|bf16|int8]",
+                                   "[--dtype f32|f64|bf16|int8]", "[--dtype f32|bf16|int8]", "[--kv-cache f32|bf16|int8]",
                                    "--dtype f32|f64|bf16|int8  ", "', weights: bf16'", "', weights: int8'"})
       EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
     EXPECT_EQ(r.err, "");

@@ -39,8 +39,8 @@ void batch_forward(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, const Ba
 // [B, C] back. Sequence b's cache holds its l_b tokens (capacity l_b, not T); the workspace holds
 // the largest step (min(prefill, L) tokens, or 1) attending to up to L keys, L the longest
 // sequence. Caches, workspace and step buffers are allocated once, before step 0.
-// S: the caches' storage, T (KVCache<T>) or bfloat16 for float (run --kv-cache bf16); sequence
-// b's holds l_b positions.
+// S: the caches' storage, T (KVCache<T>), or bfloat16 or int8 for float (run --kv-cache
+// bf16|int8); sequence b's holds l_b positions.
 template <class T, class S>
 void batch_decode(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
                   Index prefill, MatrixRef<T> out) {

@@ -29,8 +29,8 @@ namespace gpt2::cli {
 // (the caller allocates it before anything is computed). The cache and the workspace are
 // allocated once, before the first chunk. w: the whole model, or a TensorParallelAttention<T>
 // shard, whose probs are its own heads' (n_head: w.heads_here(), sublayer.hpp).
-// Cache: KVCache<T> (w.cache), or KVCache<bfloat16> for float (run --kv-cache bf16), of capacity
-// T, empty.
+// Cache: KVCache<T> (w.cache), or KVCache<bfloat16> or KVCache<int8> for float (run --kv-cache
+// bf16|int8), of capacity T, empty.
 template <class T, class Cache>
 void prefill_forward_through(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, Index prefill,
                              MatrixRef<T> out, RowMatrix<T>* probs, Cache& cache) {

@@ -52,6 +52,12 @@ inline constexpr bool kHasTensorParallel = GPT2_CLI_TENSOR_PARALLEL;
 // as f32.
 enum class Precision { f32, f64, bf16, int8 };
 
+// --kv-cache: what the caches store.
+enum class KvStorage { f32, bf16, int8 };
+inline const char* kv_storage_name(KvStorage s) {
+  return s == KvStorage::bf16 ? "bf16" : s == KvStorage::int8 ? "int8" : "f32";
+}
+
 // The dtype the weights are packed in for precision p.
 inline WeightDtype weight_dtype(Precision p) {
   return p == Precision::bf16   ? WeightDtype::bf16
@@ -72,7 +78,9 @@ struct RunOptions {
   std::optional<std::vector<long long>> starts, lengths;  // a batch's real rows
   bool tensor_parallel = false;  // --tensor-parallel: the heads split over the MPI ranks
   std::optional<Index> share_prefix;  // --share-prefix N: a batch's common first N rows, once
-  bool kv_bf16 = false;  // --kv-cache bf16: --prefill's caches hold keys and values in bf16
+  // --kv-cache f32|bf16|int8: what --prefill's and --share-prefix's caches hold keys and values in
+  // (f32: the forwards' own type, float or double)
+  KvStorage kv = KvStorage::f32;
 };
 
 // --dtype f32|f64|bf16|int8 (default f32); UsageError naming the accepted values for another one.
@@ -143,14 +151,17 @@ inline RunOptions parse_run_options(const Flags& flags) {
     o.share_prefix = static_cast<Index>(flags.integer_or("share-prefix", 0, 0, Flags::kNoMax));
   if (flags.has("kv-cache")) {
     const std::string kv = flags.required("kv-cache");
-    if (kv != "f32" && kv != "bf16")
-      throw UsageError("--kv-cache: expected f32 or bf16, got '" + Flags::echoed_value(kv) + "'");
-    o.kv_bf16 = kv == "bf16";
+    if (kv != "f32" && kv != "bf16" && kv != "int8")
+      throw UsageError("--kv-cache: expected f32, bf16 or int8, got '" + Flags::echoed_value(kv) +
+                       "'");
+    o.kv = kv == "bf16" ? KvStorage::bf16 : kv == "int8" ? KvStorage::int8 : KvStorage::f32;
     if (!o.prefill && !o.share_prefix)
       throw UsageError("--kv-cache needs --prefill or --share-prefix (the caches are theirs)");
-    if (o.kv_bf16 && o.precision == Precision::f64)
-      throw UsageError("--kv-cache bf16: not available with --dtype f64 (a bf16 cache serves "
-                       "float32 forwards)");
+    if (o.kv != KvStorage::f32 && o.precision == Precision::f64)
+      throw UsageError(std::string("--kv-cache ") + kv_storage_name(o.kv) +
+                       ": not available with --dtype f64 (" +
+                       (o.kv == KvStorage::int8 ? "an int8" : "a bf16") +
+                       " cache serves float32 forwards)");
   }
   if (o.tensor_parallel && !kHasTensorParallel)
     throw UsageError("--tensor-parallel: this gpt2-attention was built without MPI "

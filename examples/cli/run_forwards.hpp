@@ -39,11 +39,18 @@ void compute_with(const RunOptions& o, const RunSublayer<T>& w, const RunInput<T
   if (probs) probs->resize(B * w.heads_here() * T_, T_);  // first: see above
   r.out.resize(input.x.rows(), w.n_embd());
   constexpr bool kFloat = std::is_same<T, float>::value;
-  if (o.kv_bf16 && !kFloat) throw UsageError("--kv-cache bf16: needs --dtype f32 or bf16");
+  if (o.kv != KvStorage::f32 && !kFloat)
+    throw UsageError(std::string("--kv-cache ") + kv_storage_name(o.kv) +
+                     ": needs --dtype f32, bf16 or int8");
   if (!input.batched()) {
-    if (o.prefill && o.kv_bf16) {
+    if (o.prefill && o.kv == KvStorage::bf16) {
       if constexpr (kFloat) {
         KVCache<bfloat16> cache(w.heads_config(), T_);
+        prefill_forward_through<T>(w, input.x, *o.prefill, r.out, probs, cache);
+      }
+    } else if (o.prefill && o.kv == KvStorage::int8) {
+      if constexpr (kFloat) {
+        KVCache<int8> cache(w.heads_config(), T_);
         prefill_forward_through<T>(w, input.x, *o.prefill, r.out, probs, cache);
       }
     } else if (o.prefill) {
@@ -58,13 +65,18 @@ void compute_with(const RunOptions& o, const RunSublayer<T>& w, const RunInput<T
       }
     }
   } else {
-    if (o.share_prefix && o.kv_bf16) {
+    if (o.share_prefix && o.kv == KvStorage::bf16) {
       if constexpr (kFloat)
         shared_prefix_decode<T, bfloat16>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
+    } else if (o.share_prefix && o.kv == KvStorage::int8) {
+      if constexpr (kFloat)
+        shared_prefix_decode<T, int8>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
     } else if (o.share_prefix) {
       shared_prefix_decode<T, T>(w, input.x, *layout, *o.share_prefix, o.prefill, r.out);
-    } else if (o.prefill && o.kv_bf16) {
+    } else if (o.prefill && o.kv == KvStorage::bf16) {
       if constexpr (kFloat) batch_decode<T, bfloat16>(w, input.x, *layout, *o.prefill, r.out);
+    } else if (o.prefill && o.kv == KvStorage::int8) {
+      if constexpr (kFloat) batch_decode<T, int8>(w, input.x, *layout, *o.prefill, r.out);
     } else if (o.prefill) {
       batch_decode<T, T>(w, input.x, *layout, *o.prefill, r.out);
     } else {

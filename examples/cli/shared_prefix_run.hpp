@@ -57,7 +57,7 @@ void check_shared_prefix(const ConstMatrixRef<T>& x, const BatchLayout& layout, 
 
 // Fills out [B * T, C] (padded rows 0) as described above. prefill: --prefill P, or none.
 // w: the whole model or a rank's TensorParallelAttention<T> (sublayer.hpp); S: the pool's
-// storage, T or bfloat16 (--kv-cache bf16).
+// storage, T, bfloat16 or int8 (--kv-cache bf16|int8).
 template <class T, class S>
 void shared_prefix_decode(const RunSublayer<T>& w, const ConstMatrixRef<T>& x, const BatchLayout& layout,
                           Index n, std::optional<Index> prefill, MatrixRef<T> out) {
