@@ -1,20 +1,21 @@
 // int8 weights (pack_weights(w, WeightDtype::int8); docs/int8.md) against the PyTorch fixtures,
 // at every kernel level the machine has (the others skipped with "skipped: the CPU has no ..."),
 // for every fixture of kinds "whole" (one forward) and "past" (the fixture's chunks through a KV
-// cache). The fixtures hold the exact answer of the int8 scheme (tests/reference/generate.py:
-// out_int8, float64 math on the quantized weights and the quantized inputs of both products;
-// merged_int8, its heads before c_proj, in float32), which pins the implementation, and the
-// float64 reference (out), which pins the scheme:
+// cache), with a float32 cache and (the Int8Cache_ cases) an int8 one. The fixtures hold the
+// exact answer of the int8 scheme (tests/reference/generate.py: out_int8, float64 math on the
+// quantized weights and the quantized inputs of both products; out_int8_kv, the same with the
+// keys and values quantized; merged_int8, the heads before c_proj, in float32), which pins the
+// implementation, and the float64 reference (out), which pins the scheme:
 // - c_proj alone: output_projection(merged_int8) equals out_int8 to float32 accuracy (8x PyTorch
 //   float32's own error, test_reference's bar), at every level: the input is the one the exact
 //   answer quantized, so nothing but float32 accumulation separates the two.
-// - the whole forward equals out_int8 within kFlipBar at the levels whose attention is float32
-//   (generic, avx2, avx512). Not float32's bar: our float32 merged may land a value on the other
-//   side of a rounding boundary of its quantization, which moves a row by a quantization step of
-//   one input of c_proj (none of these cases has one here: all within 3e-7). A wrong scheme (a
-//   block size or a scale off) is an error of the scheme's own size, 1e-3 to 1e-2, far above the
-//   bar. Where the logits are in the thousands (big_logits_T33) a flip in q k changes which key
-//   the saturated softmax picks: there only the accuracy bar holds.
+// - the whole forward equals out_int8 (out_int8_kv) within kFlipBar (kFlipBarCache) at the levels
+//   whose attention is float32 (generic, avx2, avx512). Not float32's bar: our float32 merged (and
+//   k and v) may land a value on the other side of a rounding boundary of its quantization, which
+//   moves a row by a quantization step of one input (none of the weight-only cases has one here:
+//   all within 3e-7). A wrong scheme (a block size or a scale off) is an error of the scheme's own
+//   size, 1e-3 to 1e-2. Where the logits are in the thousands (big_logits_T33) a flip in q k
+//   changes which key the saturated softmax picks: there only the accuracy bar holds.
 // - the accuracy bar, at every level: the error against the float64 reference within 1.2e-2 on
 //   the real GPT-2 cases and within max(4x PyTorch's own bf16 error, 1.5e-2) on every case (the
 //   issue's targets), the largest |out| as the unit.
@@ -42,8 +43,12 @@ using gpt2::test::CaseInputs;
 using gpt2::test::Fixture;
 using gpt2::test::inputs_for;
 
-// The whole forward against the exact answer of the scheme, relative to the largest |out|.
+// The whole forward against the exact answer of the scheme, relative to the largest |out|; through
+// an int8 KV cache, whose keys and values are quantized from our float32 qkv (a flip there moves a
+// head's row by a step of one key or value: 1.1e-4 on xl_T9; an error in the cache's scheme, a
+// scale per position and head off, is about the cache's own error, 1e-3 or more).
 constexpr double kFlipBar = 1e-4;
+constexpr double kFlipBarCache = 5e-4;
 
 struct Row {
   std::string case_name, level;
@@ -140,7 +145,10 @@ class ReferenceInt8 : public ::testing::TestWithParam<Isa> {
                 gpt2::isa_name(gpt2::active_isa()), what.c_str(), d, key.c_str(), bar);
   }
 
-  void check(const std::string& name) {
+  // One forward (kind whole) or the fixture's chunks through a KV cache (kind past): a
+  // KVCache<float>, or with int8_cache a KVCacheInt8 (kind whole: in one chunk), against
+  // out_int8_kv then.
+  void check(const std::string& name, bool int8_cache = false) {
     const Fixture f(name);
     const std::unique_ptr<CaseInputs<float>> in = inputs_for<float>(f);
     if (!in) GTEST_SKIP() << "GPT2_SMALL_WEIGHTS not set: skipping the real GPT-2 weights test " << name;
@@ -150,7 +158,7 @@ class ReferenceInt8 : public ::testing::TestWithParam<Isa> {
     const Index T_ = f.tokens(), C = f.n_embd();
     const bool past = f.has_meta("kind") && f.meta("kind") == "past";
     const double tol32 = 8 * f.number("torch32_err_out");
-    if (f.has("merged_int8")) {  // c_proj alone on the exact answer's own input
+    if (f.has("merged_int8") && !int8_cache) {  // c_proj alone on the exact answer's own input
       const RowMatrix<float> merged = f.matrix_f32("merged_int8").cast<float>();
       RowMatrix<float> out(merged.rows(), C);
       gpt2::output_projection<float>(w, merged, out);
@@ -158,7 +166,15 @@ class ReferenceInt8 : public ::testing::TestWithParam<Isa> {
     }
     RowMatrix<float> out(T_, C);
     gpt2::Workspace<float> ws(w.config(), T_);
-    if (past) {
+    if (int8_cache) {
+      gpt2::KVCacheInt8 cache(w.config(), T_);
+      Index pos = 0;
+      for (const Index n : past ? integers(f.meta("chunks")) : std::vector<Index>{T_}) {
+        gpt2::attention_forward<float>(w, in->x.middleRows(pos, n), cache, ws, out.middleRows(pos, n));
+        pos += n;
+      }
+      ASSERT_EQ(pos, T_);
+    } else if (past) {
       gpt2::KVCache<float> cache(w.config(), T_);
       Index pos = 0;
       for (const Index n : integers(f.meta("chunks"))) {
@@ -171,9 +187,12 @@ class ReferenceInt8 : public ::testing::TestWithParam<Isa> {
     }
     ASSERT_TRUE(out.allFinite());
     const RowMatrix<float> ours = stored_rows(f, out);
+    const std::string exact = int8_cache ? "out_int8_kv" : "out_int8";
     if (float_attention(gpt2::active_isa()) && f.number("max_abs_logit") <= 1000)
-      expect_exact(f, ours, "out_int8", kFlipBar, "the forward");
-    expect_accuracy(f, ours, "int8_err_out", "");
+      expect_exact(f, ours, exact, int8_cache ? kFlipBarCache : kFlipBar,
+                   int8_cache ? "the forward (int8 KV cache)" : "the forward");
+    expect_accuracy(f, ours, int8_cache ? "int8_kv_err_out" : "int8_err_out",
+                    int8_cache ? " (int8 KV cache)" : "");
   }
 };
 
@@ -191,6 +210,19 @@ TEST_P(ReferenceInt8, Past_Tiny) { check("past_tiny"); }
 TEST_P(ReferenceInt8, Past_Small_T40) { check("past_small_T40"); }
 TEST_P(ReferenceInt8, Past_Small_DecodeWith1023Cached) { check("past_small_T1024"); }
 TEST_P(ReferenceInt8, Past_RealGpt2Layer0) { check("past_gpt2_layer0_T64"); }
+// The same cases through an int8 KV cache (KVCacheInt8), against the scheme's answer with its
+// keys and values quantized too (out_int8_kv).
+TEST_P(ReferenceInt8, Int8Cache_Tiny_C8_T5) { check("tiny_T5", true); }
+TEST_P(ReferenceInt8, Int8Cache_Small_T7) { check("small_T7", true); }
+TEST_P(ReferenceInt8, Int8Cache_Small_T1024) { check("small_T1024", true); }
+TEST_P(ReferenceInt8, Int8Cache_XL_C1600_T9) { check("xl_T9", true); }
+TEST_P(ReferenceInt8, Int8Cache_LogitsInTheThousands_T33) { check("big_logits_T33", true); }
+TEST_P(ReferenceInt8, Int8Cache_RealGpt2Layer0_T64) { check("gpt2_layer0_T64", true); }
+TEST_P(ReferenceInt8, Int8Cache_RealGpt2Layer0_T1024) { check("gpt2_layer0_T1024", true); }
+TEST_P(ReferenceInt8, Int8Cache_Past_Tiny) { check("past_tiny", true); }
+TEST_P(ReferenceInt8, Int8Cache_Past_Small_T40) { check("past_small_T40", true); }
+TEST_P(ReferenceInt8, Int8Cache_Past_Small_DecodeWith1023Cached) { check("past_small_T1024", true); }
+TEST_P(ReferenceInt8, Int8Cache_Past_RealGpt2Layer0) { check("past_gpt2_layer0_T64", true); }
 
 INSTANTIATE_TEST_SUITE_P(Levels, ReferenceInt8,
                          ::testing::Values(Isa::generic, Isa::avx2, Isa::avx512, Isa::avx512_bf16,
