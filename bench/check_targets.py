@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Measures the speed targets of issues 13 (fused core) and 14 (bf16) on this machine, in one
+"""Measures the speed targets of issues 13 (fused core), 14 (bf16) and 44 (int8) on this machine, in one
 interleaved run, and prints each with its figure and a verdict: met, short, or n/a and why.
 
     /usr/bin/python3 bench/check_targets.py [--bench build/rel/bench/gpt2_bench] \\
@@ -29,7 +29,9 @@ DEFAULT_BENCH = os.path.join(compare.ROOT, "build/rel/bench/gpt2_bench")
 OURS_FILTER = ("^stage_(attention|qkv)/T:1024/threads:1$|^prefill(_bf16)?/T:(64|1024|2048)/threads:2$"
                "|^peak_fma/threads:2$|^decode_model(_bf16)?/past:1023/threads:2$"
                "|^decode/past:1023/threads:2$|^stage_qkv_bf16/T:1024/threads:2$"
-               "|^baseline_onednn_bf16/N:2304/T:1024/threads:2$")
+               "|^baseline_onednn_bf16/N:2304/T:1024/threads:2$"
+               "|^prefill_int8/T:1024/threads:2$|^decode_model_int8/past:1023/threads:2$"
+               "|^stage_qkv_int8/T:1024/threads:2$")
 TWOPASS_FILTER = "^decode/past:1023/threads:2$"
 TORCH_FILTER = "^prefill_bf16/T:64/threads:2$"
 ORT_FILTER = "^prefill/T:64/threads:2$"
@@ -102,6 +104,24 @@ def targets(run):
     else:
         add(14, what, onednn, 0.8, "no baseline_onednn_bf16 (apt-get install libdnnl-dev, "
             "then reconfigure: the benchmarks pick oneDNN up)")
+
+    # issue 44: int8 weights (and an int8 KV cache in decode_model_int8), against bf16's
+    add(44, "decode_model_int8, past 1023, 2 threads: decode_model_bf16 time / decode_model_int8",
+        ratio(time_of(ours, "decode_model_bf16/past:1023/threads:2"),
+              time_of(ours, "decode_model_int8/past:1023/threads:2")), 1.6,
+        "no decode_model_int8 figures")
+    int8_prefill = {"amx": 1.5, "avx512_bf16": 1.3}.get(level)
+    what = "prefill_int8 T=1024, 2 threads: prefill_bf16 time / prefill_int8"
+    if int8_prefill is None:
+        add(44, what, None, None, f"level {level or '?'}: neither amx nor avx512_bf16")
+    else:
+        add(44, what + f" ({level})",
+            ratio(time_of(ours, "prefill_bf16/T:1024/threads:2"),
+                  time_of(ours, "prefill_int8/T:1024/threads:2")), int8_prefill,
+            "no prefill_int8 figures")
+    add(44, "qkv product T=1024, 2 threads: stage_qkv_bf16 time / stage_qkv_int8",
+        ratio(time_of(ours, "stage_qkv_bf16/T:1024/threads:2"),
+              time_of(ours, "stage_qkv_int8/T:1024/threads:2")), 1.5, "no stage_qkv_int8 figures")
     return out
 
 

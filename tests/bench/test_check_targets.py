@@ -45,6 +45,9 @@ OURS = {  # every line of issue 13 met but decode's (given by the two-pass run),
     "decode_model/past:1023/threads:2": (0.23, None),
     "decode_model_bf16/past:1023/threads:2": (0.11, None),  # 2.09
     "stage_qkv_bf16/T:1024/threads:2": (3.0, 1000e9),
+    "prefill_int8/T:1024/threads:2": (9.0, 660e9),         # 12 / 9 = 1.333
+    "decode_model_int8/past:1023/threads:2": (0.075, None),  # 0.11 / 0.075 = 1.467
+    "stage_qkv_int8/T:1024/threads:2": (2.0, 1500e9),      # 3 / 2 = 1.5
 }
 
 
@@ -60,7 +63,7 @@ def verdicts(raw):
     rows = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[0] in ("13", "14"):
+        if len(cells) == 5 and cells[0] in ("13", "14", "44"):
             rows[cells[1]] = (cells[2], cells[4])
     return out, rows
 
@@ -104,8 +107,11 @@ expect(find(rows, "two-pass"), "1.250", "short", "decode against the two-pass co
 expect(find(rows, "prefill_bf16 T=1024", "float32"), "1.667", "met", "bf16 1024 (1.6 line)")
 expect(find(rows, "prefill_bf16 T=64", "float32"), "1.250", "short", "bf16 64 (1.3 line)")
 expect(find(rows, "PyTorch bf16"), "n/a", "n/a: level avx512_bf16", "torch target is AMX's")
-expect(find(rows, "decode_model_bf16"), "2.091", "met", "decode_model_bf16")
+expect(find(rows, "decode_model_bf16", "decode_model time"), "2.091", "met", "decode_model_bf16")
 expect(find(rows, "oneDNN"), "n/a", "n/a: level avx512_bf16", "oneDNN target is AMX's")
+expect(find(rows, "decode_model_int8"), "1.467", "short", "decode_model_int8 (1.6 line)")
+expect(find(rows, "prefill_int8"), "1.333", "met", "int8 prefill on avx512_bf16 (1.3 line)")
+expect(find(rows, "stage_qkv_int8"), "1.500", "met", "int8 qkv at the line")
 if "test CPU" not in out:
     failures.append("the machine line does not name the CPU")
 
@@ -119,6 +125,7 @@ expect(find(rows, "PyTorch bf16"), "1.750", "met", "amx beside PyTorch (1.5x lin
 expect(find(rows, "oneDNN"), "0.833", "met", "amx beside oneDNN (0.8 line)")
 expect(find(rows, "ONNX Runtime"), "1.200", "met", "ORT given")
 expect(find(rows, "two-pass"), "n/a", "n/a: no two-pass binary", "no --twopass")
+expect(find(rows, "prefill_int8"), "1.333", "short", "int8 prefill on amx (1.5 line)")
 
 # amx without oneDNN in the build: n/a, with what to install
 out, rows = run("amx", OURS)
@@ -127,6 +134,7 @@ expect(find(rows, "oneDNN"), "n/a", "n/a: no baseline_onednn_bf16", "oneDNN miss
 # a level with no bf16 instructions: the bf16 speed-up lines do not apply
 out, rows = run("avx2", OURS)
 expect(find(rows, "prefill_bf16 T=1024"), "n/a", "n/a: level avx2", "avx2 has no bf16 target")
+expect(find(rows, "prefill_int8"), "n/a", "n/a: level avx2", "avx2 has no int8 prefill target")
 
 # medians over rounds: 3 rounds of stage_attention at 150, 170, 190 GFLOP/s give 170 (0.85)
 def rounds_of(r):
