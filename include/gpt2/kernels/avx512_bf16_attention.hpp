@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/avx512_attention.hpp"
@@ -460,6 +461,20 @@ GPT2_KERNEL_AVX512_BF16 inline __m512 scaled16(const std::int8_t* q, __m512 s, _
   return _mm512_maskz_mul_ps(m, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
 }
 
+// 16 pairs from the 16 int8 values at a and at b: lane i = bf16(float(a_i) * x_i) |
+// bf16(float(b_i) * y_i) << 16, where (x_i, y_i) is lane (2 i mod 16, 2 i + 1 mod 16) of s_lo for
+// i < 8, of s_hi for i >= 8: round_pairs of the scaled values, with the bytes interleaved before
+// the conversion (VPUNPCKLBW, VPUNPCKHBW) instead of the bf16 words after it.
+GPT2_KERNEL_AVX512_BF16 inline __m512i scaled_pairs(const std::int8_t* a, const std::int8_t* b,
+                                                    __m512 s_lo, __m512 s_hi) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(x, y))), s_lo);
+  const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(x, y))), s_hi);
+  // cvtne2ps(hi, lo): words 0 .. 15 = lo (a_0, b_0, .. a_7, b_7), 16 .. 31 = hi
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
 // decode_pair_scores over a full block's transposed int8 keys kt (the block's 64 key scales at
 // scale): the operands of its float32 values, so the same bits.
 GPT2_KERNEL_AVX512_BF16 inline void decode_pair_scores_int8(const std::int8_t* kt,
@@ -472,6 +487,15 @@ GPT2_KERNEL_AVX512_BF16 inline void decode_pair_scores_int8(const std::int8_t* k
     acc[g] = _mm512_setzero_ps();
     s[g] = _mm512_loadu_ps(scale + 16 * g);
   }
+  // each key's scale twice, for keys 16 g .. 16 g + 7 (ss[2 g]) and 16 g + 8 .. (ss[2 g + 1])
+  __m512 ss[2 * G];
+  const __m512i twice_lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i twice_hi = _mm512_add_epi32(twice_lo, _mm512_set1_epi32(8));
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    ss[2 * g] = _mm512_permutexvar_ps(twice_lo, s[g]);
+    ss[2 * g + 1] = _mm512_permutexvar_ps(twice_hi, s[g]);
+  }
   for (Index k = 0; 2 * k < head_dim; ++k) {
     const std::int8_t* even = kt + 2 * k * kKeyBlock;
     avx512::prefetch_stream(even, 2 * kKeyBlock);
@@ -480,8 +504,7 @@ GPT2_KERNEL_AVX512_BF16 inline void decode_pair_scores_int8(const std::int8_t* k
       const std::int8_t* odd = even + kKeyBlock;
 #pragma GCC unroll 4
       for (int g = 0; g < G; ++g)
-        acc[g] = dot_pairs(acc[g],
-                           round_pairs(scaled16(even + 16 * g, s[g]), scaled16(odd + 16 * g, s[g])),
+        acc[g] = dot_pairs(acc[g], scaled_pairs(even + 16 * g, odd + 16 * g, ss[2 * g], ss[2 * g + 1]),
                            q);
     } else {  // an odd head_dim: the last component pairs with 0
 #pragma GCC unroll 4
@@ -518,14 +541,21 @@ GPT2_KERNEL_AVX512_BF16 inline void decode_pair_values_int8(Index d0, Index head
       avx512::prefetch_stream(a, row_bytes);
       avx512::prefetch_stream(b, row_bytes);
     }
-    const __m512 sa = _mm512_set1_ps(vscale[2 * i]), sb = _mm512_set1_ps(vscale[2 * i + 1]);
     const __m512i pk = broadcast_pair(pp + i);
+    if (full) {
+      std::uint64_t two;  // (scale of row 2 i, of row 2 i + 1) in every 64-bit lane
+      std::memcpy(&two, vscale + 2 * i, sizeof two);
+      const __m512 sab = _mm512_castsi512_ps(_mm512_set1_epi64(static_cast<long long>(two)));
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v)
-      acc[v] = dot_pairs(
-          acc[v], pk,
-          full ? round_pairs(scaled16(a + 16 * v, sa), scaled16(b + 16 * v, sb))
-               : round_pairs(scaled16(a + 16 * v, sa, dm[v]), scaled16(b + 16 * v, sb, dm[v])));
+      for (int v = 0; v < V; ++v)
+        acc[v] = dot_pairs(acc[v], pk, scaled_pairs(a + 16 * v, b + 16 * v, sab, sab));
+    } else {
+      const __m512 sa = _mm512_set1_ps(vscale[2 * i]), sb = _mm512_set1_ps(vscale[2 * i + 1]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[v] = dot_pairs(acc[v], pk,
+                           round_pairs(scaled16(a + 16 * v, sa, dm[v]), scaled16(b + 16 * v, sb, dm[v])));
+    }
   }
 #pragma GCC unroll 4
   for (int v = 0; v < V; ++v) _mm512_store_ps(part + kPartialHeader + d0 + 16 * v, acc[v]);
