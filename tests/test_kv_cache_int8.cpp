@@ -61,7 +61,7 @@ RowMatrix<float> dequantized_kv_reference(const gpt2::AttentionWeights<float>& w
   RowMatrix<float> merged(N, C);
   if (probs) probs->resize(config.n_head * N, N);
   gpt2::AttentionScratch<float> scratch;
-  scratch.set_bf16_products(w.weight_dtype() == gpt2::WeightDtype::bf16 &&
+  scratch.set_bf16_products(w.weight_dtype() != gpt2::WeightDtype::float32 &&
                             gpt2::active_isa() != gpt2::Isa::amx);
   for (Index h = 0; h < config.n_head; ++h) {
     const RowMatrix<float> kh = k.middleCols(h * hd, hd), vh = v.middleCols(h * hd, hd);
@@ -344,42 +344,51 @@ TEST_P(KVCacheInt8Forward, ProbabilitiesAreTheDequantizedKVOnes) {
   EXPECT_TRUE(same(probs, expected_probs));
 }
 
-TEST_P(KVCacheInt8Forward, DecodeWithBF16WeightsIsTheDequantizedKVForward) {
+// bf16 or int8 weights: the attention's products in bf16 where the level has them (at
+// avx512_bf16 a decode step reads the int8 blocks before its row's own in place, or dequantized
+// to bf16): still the dequantized-KV forward, decode steps included.
+TEST_P(KVCacheInt8Forward, DecodeWithBF16OrInt8WeightsIsTheDequantizedKVForward) {
   const Case& c = GetParam();
   const auto model = random_model<float>(c.C, c.n_head, 12);
-  const gpt2::AttentionWeights<float> w =
-      gpt2::pack_weights(model.weights(), gpt2::WeightDtype::bf16);
-  const RowMatrix<float> x = random_input<float>(c.N, c.C, 13);
-  const RowMatrix<float> expected = dequantized_kv_reference(w, x, nullptr);
-  std::vector<Index> chunks{c.prefill};
-  for (Index i = c.prefill; i < c.N; ++i) chunks.push_back(1);
-  const RowMatrix<float> out = run_chunked(w, x, chunks);
-  const Index D = c.N - c.prefill;
-  EXPECT_TRUE(same(out.bottomRows(D), expected.bottomRows(D)));
-  if (gpt2::active_isa() == gpt2::Isa::amx)  // the AMX core's own rounding of prefill tiles
-    EXPECT_TRUE(near(out.topRows(c.prefill), expected.topRows(c.prefill), 5e-4));
-  else
-    EXPECT_TRUE(same(out.topRows(c.prefill), expected.topRows(c.prefill)));
+  for (const gpt2::WeightDtype dtype : {gpt2::WeightDtype::bf16, gpt2::WeightDtype::int8}) {
+    SCOPED_TRACE(dtype == gpt2::WeightDtype::bf16 ? "bf16 weights" : "int8 weights");
+    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights(), dtype);
+    const RowMatrix<float> x = random_input<float>(c.N, c.C, 13);
+    const RowMatrix<float> expected = dequantized_kv_reference(w, x, nullptr);
+    std::vector<Index> chunks{c.prefill};
+    for (Index i = c.prefill; i < c.N; ++i) chunks.push_back(1);
+    const RowMatrix<float> out = run_chunked(w, x, chunks);
+    const Index D = c.N - c.prefill;
+    EXPECT_TRUE(same(out.bottomRows(D), expected.bottomRows(D)));
+    if (gpt2::active_isa() == gpt2::Isa::amx)  // the AMX core's own rounding of prefill tiles
+      EXPECT_TRUE(near(out.topRows(c.prefill), expected.topRows(c.prefill), 5e-4));
+    else
+      EXPECT_TRUE(same(out.topRows(c.prefill), expected.topRows(c.prefill)));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, KVCacheInt8Forward, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // Decode steps on 1 to 4 threads (one parallel region when there are at least as many heads as
-// threads): the same bits, and the same cache bits.
+// threads), float32 and bf16 weights (bf16 products: a split key range's blocks before the own
+// block read in bf16): the same bits, and the same cache bits.
 TEST(KVCacheInt8, DecodeStepsAreBitwiseOnAnyThreadCount) {
   if (!gpt2::kHasOpenMP) GTEST_SKIP() << "skipped: built without OpenMP (one thread only)";
   const gpt2::test::ThreadCount restore;
+  for (const gpt2::WeightDtype dtype : {gpt2::WeightDtype::float32, gpt2::WeightDtype::bf16})
   for (const Index n_head : {Index{1}, Index{4}, Index{6}}) {
     const Index C = 64 * n_head;
     const auto model = random_model<float>(C, n_head, 24);
-    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights());
+    const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights(), dtype);
     const RowMatrix<float> x = random_input<float>(330, C, 25);
     const RowMatrix<float> expected = dequantized_kv_reference(w, x, nullptr);
     std::vector<Index> chunks{250};
     chunks.resize(81, 1);
     for (const int threads : {1, 2, 3, 4}) {
-      SCOPED_TRACE(::testing::Message() << n_head << " heads, " << threads << " threads");
+      SCOPED_TRACE(::testing::Message() << n_head << " heads, " << threads << " threads, "
+                                        << (dtype == gpt2::WeightDtype::bf16 ? "bf16" : "float32")
+                                        << " weights");
       ASSERT_EQ(gpt2::set_num_threads(threads), threads);
       const RowMatrix<float> out = run_chunked(w, x, chunks);
       EXPECT_TRUE(same(out.bottomRows(80), expected.bottomRows(80)));
@@ -405,10 +414,13 @@ TEST(KVCacheInt8, CloseToTheFloatCache) {
 
 // A prompt prefilled once in a paged int8 sequence, two forks decoding their own tokens (the first
 // step of each copies the shared, partly filled block): each bitwise a contiguous int8 cache fed
-// the same tokens, cached rows and scales included.
-TEST(KVCacheInt8Paged, SharedPrefixForksAreTheContiguousCache) {
+// the same tokens, cached rows and scales included; float32 and bf16 weights (bf16 products: the
+// paged steps read key rows, the contiguous ones transposed key blocks).
+class KVCacheInt8Paged : public ::testing::TestWithParam<gpt2::WeightDtype> {};
+
+TEST_P(KVCacheInt8Paged, SharedPrefixForksAreTheContiguousCache) {
   const auto model = random_model<float>(256, 4, 40);
-  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights());
+  const gpt2::AttentionWeights<float> w = gpt2::pack_weights(model.weights(), GetParam());
   const Index prompt = 150, steps = 40, cap = prompt + steps;
   const RowMatrix<float> x = random_input<float>(prompt, 256, 41);
   gpt2::KVBlockPool<gpt2::int8> pool(w.config(), 3 * (cap / 16 + 1));
@@ -447,6 +459,13 @@ TEST(KVCacheInt8Paged, SharedPrefixForksAreTheContiguousCache) {
   EXPECT_EQ(pool.references(root.table()[0]), 3);  // the prompt's full blocks stay shared
   EXPECT_EQ(pool.block_bytes(), 2 * 16 * 256 + 2 * 16 * 4 * 4);
 }
+
+INSTANTIATE_TEST_SUITE_P(Weights, KVCacheInt8Paged,
+                         ::testing::Values(gpt2::WeightDtype::float32, gpt2::WeightDtype::bf16),
+                         [](const ::testing::TestParamInfo<gpt2::WeightDtype>& info) {
+                           return info.param == gpt2::WeightDtype::bf16 ? "bf16_weights"
+                                                                        : "float32_weights";
+                         });
 
 // A padded batch through one KVCacheInt8 per sequence: each sequence's rows bitwise its forward
 // through its own int8 cache alone, caches included; an error in the last one changes no cache.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <new>
 #include <string>
@@ -78,26 +79,28 @@ class AttentionScratch {
   // int8 cache (the forwards through one call it: a multi-row tile dequantizes every key it sees,
   // a decode step a chunk of key blocks at a time): two buffers of max_keys rounded up to
   // kKeyBlock rows, padded_head_dim(head_dim) apart, and a page list of kKeyBlock rows for each.
-  // If an allocation throws, the scratch stays usable.
+  // If an allocation throws, the scratch stays usable. With bf16 products, the same room in bf16
+  // too (reserve_dequantized_bf16).
   void reserve_dequantized(Index max_keys, Index head_dim) {
-    const Index blocks = std::max<Index>(1, (max_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock);
-    const Index want = 2 * blocks * kernels::kKeyBlock * kernels::padded_head_dim(head_dim);
-    if (dequantized_pages_.size() < 2 * static_cast<std::size_t>(blocks)) {
-      std::vector<const T*> grown(2 * static_cast<std::size_t>(blocks));
-      dequantized_pages_.swap(grown);
-    }
-    if (dequantized_size_ >= want) return;
-    std::unique_ptr<T, AlignedDelete> grown(static_cast<T*>(
-        ::operator new(static_cast<std::size_t>(want) * sizeof(T), std::align_val_t(64))));
-    dequantized_.swap(grown);
-    dequantized_size_ = want;
+    grow_dequantized(max_keys, head_dim, dequantized_, dequantized_size_, dequantized_pages_);
+    if (bf16_products_) reserve_dequantized_bf16(max_keys, head_dim);
+  }
+  // Room for the same keys and values dequantized and rounded to bf16 (bits), the blocks a level
+  // with bf16 pair products reads in bf16 (Kernels::bf16_pair_decode): the same layout in bf16
+  // elements.
+  void reserve_dequantized_bf16(Index max_keys, Index head_dim) {
+    grow_dequantized(max_keys, head_dim, dequantized_bf16_, dequantized_bf16_size_,
+                     dequantized_bf16_pages_);
   }
   // The dequantized keys (first half) and values (second half), dequantized_size() scalars,
   // 64-byte aligned; the page lists: keys' at [0, n), values' at [n, 2 n), n =
-  // dequantized_pages().size() / 2 blocks.
+  // dequantized_pages().size() / 2 blocks. The same for the bf16 copies.
   T* dequantized() { return dequantized_.get(); }
   Index dequantized_size() const { return dequantized_size_; }
   std::vector<const T*>& dequantized_pages() { return dequantized_pages_; }
+  std::uint16_t* dequantized_bf16() { return dequantized_bf16_.get(); }
+  Index dequantized_bf16_size() const { return dequantized_bf16_size_; }
+  std::vector<const std::uint16_t*>& dequantized_bf16_pages() { return dequantized_bf16_pages_; }
 
   // Whether the fused core's products run in bf16 (the weights' precision, set by the forwards):
   // where a level has a bf16 core for them, its buffer may be larger (reserve_tile).
@@ -106,7 +109,8 @@ class AttentionScratch {
 
   Index bytes() const {
     return (tile_size_ + scores.size() + widened.size() + dequantized_size_) *
-           static_cast<Index>(sizeof(T));
+               static_cast<Index>(sizeof(T)) +
+           dequantized_bf16_size_ * static_cast<Index>(sizeof(std::uint16_t));
   }
 
   RowMatrix<T> scores;    // [kTileMaxRows, max_keys rounded up to kScoreRowAlign<T>]
@@ -114,14 +118,39 @@ class AttentionScratch {
 
  private:
   struct AlignedDelete {
-    void operator()(T* p) const { ::operator delete(p, std::align_val_t(64)); }
+    template <class E>
+    void operator()(E* p) const {
+      ::operator delete(p, std::align_val_t(64));
+    }
   };
+  // buf grown to two halves of max_keys rounded up to kKeyBlock rows of padded_head_dim(head_dim)
+  // elements, pages to a page list of kKeyBlock rows for each (allocated first: both stay valid
+  // if an allocation throws).
+  template <class E>
+  static void grow_dequantized(Index max_keys, Index head_dim,
+                               std::unique_ptr<E, AlignedDelete>& buf, Index& size,
+                               std::vector<const E*>& pages) {
+    const Index blocks = std::max<Index>(1, (max_keys + kernels::kKeyBlock - 1) / kernels::kKeyBlock);
+    const Index want = 2 * blocks * kernels::kKeyBlock * kernels::padded_head_dim(head_dim);
+    if (pages.size() < 2 * static_cast<std::size_t>(blocks)) {
+      std::vector<const E*> grown(2 * static_cast<std::size_t>(blocks));
+      pages.swap(grown);
+    }
+    if (size >= want) return;
+    std::unique_ptr<E, AlignedDelete> grown(static_cast<E*>(
+        ::operator new(static_cast<std::size_t>(want) * sizeof(E), std::align_val_t(64))));
+    buf.swap(grown);
+    size = want;
+  }
   std::unique_ptr<T, AlignedDelete> tile_;
   Index tile_size_ = 0;
   bool bf16_products_ = false;
   std::unique_ptr<T, AlignedDelete> dequantized_;  // int8 caches' keys, then values
   Index dequantized_size_ = 0;
   std::vector<const T*> dequantized_pages_;
+  std::unique_ptr<std::uint16_t, AlignedDelete> dequantized_bf16_;  // the same, bf16 bits
+  Index dequantized_bf16_size_ = 0;
+  std::vector<const std::uint16_t*> dequantized_bf16_pages_;
 };
 
 // The scratch one thread of a forward works in.

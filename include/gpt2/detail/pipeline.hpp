@@ -336,6 +336,8 @@ kernels::AttentionTile<T> tile_over(const ConstMatrixRef<T>& q, const HeadPages<
 // Key blocks a decode step over int8 pages dequantizes at a time (keys and values: 2 x 32 KB at
 // head_dim 64, in L2 while the row's partials read them).
 inline constexpr Index kDequantBlocks = 2;
+// The same for the blocks dequantized to bf16 (dequantize_head_bf16): half the bytes per block.
+inline constexpr Index kDequantBlocksBf16 = 4;
 
 // What dequantize_head converts: key rows and value rows (a tile), key rows only (probabilities),
 // or the transposed key blocks where kv has them (one page: a contiguous cache) and the level
@@ -379,6 +381,44 @@ inline HeadPages<float> dequantize_head(Isa isa, const HeadPages<std::int8_t>& k
   if (what != Dequantize::keys)
     kernels::dequantize_rows(isa, kv.value_pages, kv.value_scale_pages, kv.page_rows,
                              kv.values_stride(), j0, j1 - j0, hd, vals + j0 * ld, ld);
+  return f;
+}
+
+// Key blocks [b0, b1) of int8 head kv dequantized and rounded to bf16 bits into the scratch's bf16
+// pages (kernels/int8_dequant.hpp's dequantize_rows_bf16, at level isa), each at its own position
+// (dequantize_head's layout in bf16 elements), keys_t too where kv has them, with kv's n_keys:
+// what a level with bf16 pair products (Kernels::bf16_pair_decode) reads of those blocks, at half
+// the bytes of the float32 pages. No allocation once reserve_for has reserved the scratch.
+inline HeadPages<std::uint16_t> dequantize_head_bf16(Isa isa, const HeadPages<std::int8_t>& kv,
+                                                     Index b0, Index b1,
+                                                     AttentionScratch<float>& scratch) {
+  const Index hd = kv.head_dim, ld = kernels::padded_head_dim(hd), kb = kernels::kKeyBlock;
+  const Index j0 = b0 * kb, j1 = std::min(b1 * kb, kv.n_keys);
+  scratch.reserve_dequantized_bf16(j1, hd);
+  std::vector<const std::uint16_t*>& pages = scratch.dequantized_bf16_pages();
+  const Index blocks = static_cast<Index>(pages.size() / 2);
+  std::uint16_t* const keys = scratch.dequantized_bf16();
+  std::uint16_t* const vals = keys + scratch.dequantized_bf16_size() / 2;
+  HeadPages<std::uint16_t> f;
+  f.key_pages = pages.data();
+  f.value_pages = pages.data() + blocks;
+  f.page_rows = kb;
+  f.row_stride = ld;
+  f.n_keys = kv.n_keys;
+  f.head_dim = hd;
+  for (Index b = b0; b < b1; ++b) {
+    pages[static_cast<std::size_t>(b)] = keys + b * kb * ld;
+    pages[static_cast<std::size_t>(blocks + b)] = vals + b * kb * ld;
+  }
+  if (kv.keys_t != nullptr) {
+    kernels::dequantize_key_blocks_bf16(isa, kv.keys_t, kv.key_scale_pages[0], b0, b1, hd, keys);
+    f.keys_t = keys;
+  } else {
+    kernels::dequantize_rows_bf16(isa, kv.key_pages, kv.key_scale_pages, kv.page_rows,
+                                  kv.row_stride, j0, j1 - j0, hd, keys + j0 * ld, ld);
+  }
+  kernels::dequantize_rows_bf16(isa, kv.value_pages, kv.value_scale_pages, kv.page_rows,
+                                kv.values_stride(), j0, j1 - j0, hd, vals + j0 * ld, ld);
   return f;
 }
 
@@ -443,13 +483,47 @@ void probability_rows(const kernels::Kernels<T>& k, const ConstMatrixRef<T>& q,
 
 // A decode step's row split over threads: the partials of q's last row (position kv.n_keys - 1)
 // over key blocks [b0, b1), and the row from all of them: merged in block order they give
-// attend_rows' bits. int8 pages: kDequantBlocks blocks dequantized at a time, then their partials.
+// attend_rows' bits. int8 pages: kDequantBlocks blocks dequantized at a time, then their partials;
+// where the level reads the blocks before the row's own in bf16 pairs (a bf16 tile,
+// Kernels::bf16_pair_decode), those dequantized straight to bf16 (the same operands, so the same
+// bits: partials are per block, so splitting the range does not change them), the own block to
+// float32.
 template <class T, class E>
 void row_partials(const kernels::Kernels<T>& k, const ConstMatrixRef<T>& q, const HeadPages<E>& kv,
                   Index b0, Index b1, T* parts, AttentionScratch<T>& scratch) {
   if constexpr (std::is_same<E, std::int8_t>::value) {
     const Index stride = kernels::partial_stride(kv.head_dim);
-    for (Index c0 = b0; c0 < b1; c0 += kDequantBlocks) {
+    const Index own = (kv.n_keys - 1) / kernels::kKeyBlock;  // the row's own block
+    const Index pairs_end =
+        k.bf16_pair_decode && scratch.bf16_products() ? std::clamp(own, b0, b1) : b0;
+    Index b0_done = b0;  // blocks whose partials are written
+    if (k.row_partials_int8 != nullptr && kv.keys_t != nullptr && pairs_end > b0) {
+      // read in place, converted in registers
+      HeadPages<T> layout;  // the paging and sizes only: no float32 rows are read
+      layout.page_rows = kv.page_rows;
+      layout.row_stride = kv.row_stride;
+      layout.value_stride = kv.values_stride();
+      layout.n_keys = kv.n_keys;
+      layout.head_dim = kv.head_dim;
+      Eigen::Map<RowMatrix<T>, 0, Eigen::OuterStride<>> no_out(nullptr, 0, 0,
+                                                               Eigen::OuterStride<>(1));
+      MatrixRef<T> none(no_out);
+      kernels::AttentionTile<T> t = tile_over<T, T>(q, layout, q.rows() - 1, 1, none, scratch);
+      t.next_q = nullptr;
+      t.next_rows = 0;
+      t.keys_t_int8 = kv.keys_t;
+      t.key_scales = kv.key_scale_pages[0];
+      t.value_pages_int8 = kv.value_pages;
+      t.value_scale_pages = kv.value_scale_pages;
+      k.row_partials_int8(t, b0, pairs_end, parts);
+      b0_done = pairs_end;
+    }
+    for (Index c0 = b0_done; c0 < pairs_end; c0 += kDequantBlocksBf16) {
+      const Index c1 = std::min(pairs_end, c0 + kDequantBlocksBf16);
+      const HeadPages<std::uint16_t> f = dequantize_head_bf16(k.isa, kv, c0, c1, scratch);
+      row_partials<T, std::uint16_t>(k, q, f, c0, c1, parts + (c0 - b0) * stride, scratch);
+    }
+    for (Index c0 = pairs_end; c0 < b1; c0 += kDequantBlocks) {
       const Index c1 = std::min(b1, c0 + kDequantBlocks);
       const HeadPages<T> f = dequantize_head(k.isa, kv, c0 * kernels::kKeyBlock,
                                              std::min(c1 * kernels::kKeyBlock, kv.n_keys),

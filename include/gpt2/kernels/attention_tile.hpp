@@ -129,6 +129,15 @@ struct AttentionTile {
   // keys_t_bf16 with key_pages_bf16.
   const T* keys_t = nullptr;
   const std::uint16_t* keys_t_bf16 = nullptr;
+  // int8 keys and values with a float32 scale per row (an int8 cache), read by
+  // Kernels::row_partials_int8 only (key_pages and value_pages unused there): the keys transposed
+  // in key blocks (keys_t's layout), key j's scale at key_scales[j]; value row j at
+  // value_pages_int8[j / page_rows] + (j % page_rows) * value_stride, its scale at
+  // value_scale_pages[j / page_rows][j % page_rows]. A row stands for float(q) * scale.
+  const std::int8_t* keys_t_int8 = nullptr;
+  const float* key_scales = nullptr;
+  const std::int8_t* const* value_pages_int8 = nullptr;
+  const float* const* value_scale_pages = nullptr;
   // Optional, a hint: the query rows (stride ldq) the caller expects to run next, fetched into
   // cache while this tile runs (a tile's first loads then find them there).
   const T* next_q = nullptr;

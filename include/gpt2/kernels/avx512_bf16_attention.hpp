@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "gpt2/kernels/attention_tile.hpp"
 #include "gpt2/kernels/avx512_attention.hpp"
@@ -444,6 +445,170 @@ GPT2_KERNEL_AVX512_BF16 inline void pair_row_partials(const AttentionTile<float>
   for (Index b = block_begin; b < block_end; ++b)
     row_block_partial(b, key_end, t, key_pages, value_pages, qp, ts,
                       parts + (b - block_begin) * stride);
+}
+
+// ---- int8 keys and values (an int8 cache), read in place ---------------------------------------
+
+// The 16 values at q (int8) times scale s, as float32: float(q) * s, one multiply (exact
+// conversion): the value an int8 cache's row stands for (kernels/int8_dequant.hpp). The masked
+// form: lanes outside m are 0.
+GPT2_KERNEL_AVX512_BF16 inline __m512 scaled16(const std::int8_t* q, __m512 s) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+}
+GPT2_KERNEL_AVX512_BF16 inline __m512 scaled16(const std::int8_t* q, __m512 s, __mmask16 m) {
+  const __m128i b = _mm_maskz_loadu_epi8(m, q);
+  return _mm512_maskz_mul_ps(m, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+}
+
+// 16 pairs from the 16 int8 values at a and at b: lane i = bf16(float(a_i) * x_i) |
+// bf16(float(b_i) * y_i) << 16, where (x_i, y_i) is lane (2 i mod 16, 2 i + 1 mod 16) of s_lo for
+// i < 8, of s_hi for i >= 8: round_pairs of the scaled values, with the bytes interleaved before
+// the conversion (VPUNPCKLBW, VPUNPCKHBW) instead of the bf16 words after it.
+GPT2_KERNEL_AVX512_BF16 inline __m512i scaled_pairs(const std::int8_t* a, const std::int8_t* b,
+                                                    __m512 s_lo, __m512 s_hi) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  const __m128i y = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(x, y))), s_lo);
+  const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(x, y))), s_hi);
+  // cvtne2ps(hi, lo): words 0 .. 15 = lo (a_0, b_0, .. a_7, b_7), 16 .. 31 = hi
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// decode_pair_scores over a full block's transposed int8 keys kt (the block's 64 key scales at
+// scale): the operands of its float32 values, so the same bits.
+GPT2_KERNEL_AVX512_BF16 inline void decode_pair_scores_int8(const std::int8_t* kt,
+                                                            const float* scale, Index head_dim,
+                                                            const std::uint32_t* qp, float* p) {
+  constexpr int G = kKeyBlock / 16;
+  __m512 acc[G], s[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    acc[g] = _mm512_setzero_ps();
+    s[g] = _mm512_loadu_ps(scale + 16 * g);
+  }
+  // each key's scale twice, for keys 16 g .. 16 g + 7 (ss[2 g]) and 16 g + 8 .. (ss[2 g + 1])
+  __m512 ss[2 * G];
+  const __m512i twice_lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i twice_hi = _mm512_add_epi32(twice_lo, _mm512_set1_epi32(8));
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    ss[2 * g] = _mm512_permutexvar_ps(twice_lo, s[g]);
+    ss[2 * g + 1] = _mm512_permutexvar_ps(twice_hi, s[g]);
+  }
+  for (Index k = 0; 2 * k < head_dim; ++k) {
+    const std::int8_t* even = kt + 2 * k * kKeyBlock;
+    avx512::prefetch_stream(even, 2 * kKeyBlock);
+    const __m512i q = broadcast_pair(qp + k);
+    if (2 * k + 1 < head_dim) {
+      const std::int8_t* odd = even + kKeyBlock;
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+        acc[g] = dot_pairs(acc[g], scaled_pairs(even + 16 * g, odd + 16 * g, ss[2 * g], ss[2 * g + 1]),
+                           q);
+    } else {  // an odd head_dim: the last component pairs with 0
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+        acc[g] = dot_pairs(acc[g], round_pairs(scaled16(even + 16 * g, s[g]), _mm512_setzero_ps()),
+                           q);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) _mm512_store_ps(p + 16 * g, acc[g]);
+}
+
+// decode_pair_values over a full block's int8 value rows vrow (row i's scale at vscale[i]), each
+// row fetched kStreamAhead ahead when `ahead`: the operands of their float32 values.
+template <int V>
+GPT2_KERNEL_AVX512_BF16 inline void decode_pair_values_int8(Index d0, Index head_dim,
+                                                            const std::int8_t* const* vrow,
+                                                            const float* vscale, bool ahead,
+                                                            const std::uint32_t* pp,
+                                                            float* part) {
+  __mmask16 dm[V];
+  __m512 acc[V];
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) {
+    dm[v] = avx512::lanes(d0 + 16 * v, head_dim);
+    acc[v] = _mm512_setzero_ps();
+  }
+  const bool full = d0 + 16 * V <= head_dim;
+  const std::uintptr_t row_bytes = static_cast<std::uintptr_t>(head_dim);
+  for (Index i = 0; i < kKeyBlock / 2; ++i) {
+    const std::int8_t* a = vrow[2 * i] + d0;
+    const std::int8_t* b = vrow[2 * i + 1] + d0;
+    if (ahead) {
+      avx512::prefetch_stream(a, row_bytes);
+      avx512::prefetch_stream(b, row_bytes);
+    }
+    const __m512i pk = broadcast_pair(pp + i);
+    if (full) {
+      std::uint64_t two;  // (scale of row 2 i, of row 2 i + 1) in every 64-bit lane
+      std::memcpy(&two, vscale + 2 * i, sizeof two);
+      const __m512 sab = _mm512_castsi512_ps(_mm512_set1_epi64(static_cast<long long>(two)));
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[v] = dot_pairs(acc[v], pk, scaled_pairs(a + 16 * v, b + 16 * v, sab, sab));
+    } else {
+      const __m512 sa = _mm512_set1_ps(vscale[2 * i]), sb = _mm512_set1_ps(vscale[2 * i + 1]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v)
+        acc[v] = dot_pairs(acc[v], pk,
+                           round_pairs(scaled16(a + 16 * v, sa, dm[v]), scaled16(b + 16 * v, sb, dm[v])));
+    }
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < V; ++v) _mm512_store_ps(part + kPartialHeader + d0 + 16 * v, acc[v]);
+}
+
+// decode_pair_block over int8 keys and values (t.keys_t_int8, t.value_pages_int8 and their
+// scales), converted in registers: the bits decode_pair_block gives over float32 pages holding
+// float(q) * scale.
+GPT2_KERNEL_AVX512_BF16 inline void decode_pair_block_int8(Index b0, const AttentionTile<float>& t,
+                                                           const std::uint32_t* qp,
+                                                           TileScratch<float>& ts, float* part) {
+  const Index hd = t.head_dim;
+  decode_pair_scores_int8(t.keys_t_int8 + (b0 / kKeyBlock) * hd * kKeyBlock, t.key_scales + b0, hd,
+                          qp, ts.p);
+  const std::int8_t* row[kKeyBlock];
+  page_rows_of<std::int8_t>(t.value_pages_int8, t.page_rows, t.value_stride, b0, kKeyBlock, row);
+  float vscale[kKeyBlock];
+  const float* scales[kKeyBlock];
+  page_rows_of<float>(t.value_scale_pages, t.page_rows, 1, b0, kKeyBlock, scales);
+  for (Index j = 0; j < kKeyBlock; ++j) vscale[j] = *scales[j];
+  avx512::block_stats(kKeyBlock, ts.p, part);
+  std::uint32_t* pp = reinterpret_cast<std::uint32_t*>(ts.p);  // p as 32 pairs, in place
+  consecutive_pairs(ts.p, kKeyBlock, pp);
+  const Index hdp = padded_head_dim(hd);
+  Index d0 = 0;
+  for (; d0 + 64 <= hdp; d0 += 64)
+    decode_pair_values_int8<4>(d0, hd, row, vscale, d0 == 0, pp, part);
+  const bool ahead = d0 == 0;
+  switch ((hdp - d0) / 16) {
+    case 3: decode_pair_values_int8<3>(d0, hd, row, vscale, ahead, pp, part); break;
+    case 2: decode_pair_values_int8<2>(d0, hd, row, vscale, ahead, pp, part); break;
+    case 1: decode_pair_values_int8<1>(d0, hd, row, vscale, ahead, pp, part); break;
+    default: break;
+  }
+}
+
+// The level's row_partials_int8 (kernels/table.hpp): a one-row bf16 tile's partials over blocks
+// [block_begin, block_end), all before its row's own block, its keys and values int8.
+GPT2_KERNEL_AVX512_BF16 inline void row_partials_int8(const AttentionTile<float>& t,
+                                                      Index block_begin, Index block_end,
+                                                      float* parts) {
+  TileScratch<float> ts(t.scratch, t.head_dim);
+  const Index stride = partial_stride(t.head_dim), hd = t.head_dim;
+  if (block_begin < block_end) {
+    prefetch_span(t.keys_t_int8 + block_begin * hd * kKeyBlock, avx512::kStreamAhead);
+    const std::int8_t* first_value;
+    page_rows_of<std::int8_t>(t.value_pages_int8, t.page_rows, t.value_stride,
+                              block_begin * kKeyBlock, 1, &first_value);
+    prefetch_span(first_value, avx512::kStreamAhead);
+  }
+  const std::uint32_t* qp = start_row(t, ts);
+  for (Index b = block_begin; b < block_end; ++b)
+    decode_pair_block_int8(b * kKeyBlock, t, qp, ts, parts + (b - block_begin) * stride);
 }
 
 // ---- the level's table entries: a bf16 tile (t.bf16) runs the above, a float32 one avx512's ---

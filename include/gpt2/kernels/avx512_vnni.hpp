@@ -134,8 +134,8 @@ GPT2_KERNEL_AVX512_VNNI inline void row_panels(const Int8Rows& r, const std::uin
 #pragma GCC unroll 8
       for (int p = 0; p < P; ++p) {
         const std::uint8_t* w = panel + p * panel_bytes + b * kInt8BlockBytes + g * 128;
-        if (g % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes), _MM_HINT_T0);
-        if (g % 4 == 2) _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + 64), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + 64), _MM_HINT_T0);
         d[2 * p] = _mm512_dpbusd_epi32(d[2 * p], _mm512_load_si512(w), x);
         d[2 * p + 1] = _mm512_dpbusd_epi32(d[2 * p + 1], _mm512_load_si512(w + 64), x);
       }

@@ -146,10 +146,15 @@ inline const Kernels<float>& vector_table(Isa isa) {
       vector_level::gemm<avx512::gemm>, avx512::row_times_transposed, avx512::softmax_row,
       avx512::attention_tile, avx512::row_partials, avx512::merge_row_partials);
   if (isa == Isa::avx512) return avx512_table;
-  static const Kernels<float> avx512_bf16_table = make_table(
-      Isa::avx512_bf16, project<avx512::gemm, avx512::gemm_packed, avx512_bf16::gemm_bf16, Isa::avx512_bf16>,
-      vector_level::gemm<avx512::gemm>, avx512::row_times_transposed, avx512::softmax_row,
-      avx512_bf16::attention_tile, avx512_bf16::row_partials, avx512::merge_row_partials);
+  static const Kernels<float> avx512_bf16_table = [] {
+    Kernels<float> k = make_table(
+        Isa::avx512_bf16, project<avx512::gemm, avx512::gemm_packed, avx512_bf16::gemm_bf16, Isa::avx512_bf16>,
+        vector_level::gemm<avx512::gemm>, avx512::row_times_transposed, avx512::softmax_row,
+        avx512_bf16::attention_tile, avx512_bf16::row_partials, avx512::merge_row_partials);
+    k.bf16_pair_decode = true;
+    k.row_partials_int8 = avx512_bf16::row_partials_int8;
+    return k;
+  }();
   if (isa == Isa::avx512_bf16) return avx512_bf16_table;
 #endif
 #if GPT2_KERNELS_HAVE_AMX

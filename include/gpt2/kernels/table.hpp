@@ -79,6 +79,18 @@ struct Kernels {
   void (*row_partials)(const AttentionTile<T>& t, Index block_begin, Index block_end,
                        T* parts) = nullptr;
   void (*merge_row_partials)(const AttentionTile<T>& t, Index n_blocks, const T* parts) = nullptr;
+  // Whether a one-row bf16 tile (t.bf16) reads the key blocks before its row's own block in bf16
+  // pairs (kernels/avx512_bf16_attention.hpp): keys and values rounded to bf16 to nearest even as
+  // VCVTNEPS2BF16 rounds them, then VDPBF16PS, which reads bf16 subnormals as zero. Such blocks
+  // give the same bits over bf16 pages holding the values so rounded as over the float32 pages
+  // (the int8 caches' decode steps dequantize them straight to bf16: detail/pipeline.hpp).
+  bool bf16_pair_decode = false;
+  // Where a level with bf16_pair_decode reads int8 keys and values in place (null elsewhere): a
+  // one-row bf16 tile's partials over key blocks [block_begin, block_end), all before its row's
+  // own block, from t.keys_t_int8, t.value_pages_int8 and their scales (attention_tile.hpp): the
+  // bits row_partials gives over float32 pages holding float(q) * scale.
+  void (*row_partials_int8)(const AttentionTile<T>& t, Index block_begin, Index block_end,
+                            T* parts) = nullptr;
   // Query rows per tile for a head of width head_dim: more than kTileMaxRows only where a level's
   // bf16 core takes them (bf16 products, no probabilities).
   Index (*tile_rows)(bool bf16_products, Index head_dim, bool probabilities) = nullptr;
