@@ -6,7 +6,8 @@
 //   scheme's plain C++ (gemm_int8_scalar), and within float32 accumulation error of the same
 //   arithmetic in double on the quantized values; a row alone == the same row inside a larger
 //   product (bitwise);
-// - forwards with int8 weights: decode == prefill bitwise through a KV cache at the vector levels,
+// - forwards with int8 weights: decode == prefill bitwise through a KV cache at the vector levels
+//   (amx, whose AMX core takes only tiles of 16 rows or more: within 2e-3),
 //   and the error against the float64 sublayer on the original weights within the issue's bar
 //   (1.5e-2 of the largest output).
 // The test runs each level that the machine has; the others are skipped with "skipped: the CPU has
@@ -225,7 +226,14 @@ TEST_P(Int8Level, ForwardDecodeEqualsPrefillAndMeetsTheBar) {
     const RowMatrix<float> decode = forward_in_chunks(w, x, 1);
     const RowMatrix<float> chunks = forward_in_chunks(w, x, 7);
     const std::string what = "C " + std::to_string(C) + " T " + std::to_string(T_);
-    if (GetParam() != Isa::generic) {  // the generic level's attention orders sums by shape
+    if (GetParam() == Isa::amx) {
+      // the AMX core runs the tiles of 16 rows or more, the float32 core the shorter ones: a row's
+      // bits depend on its tile (as with bf16 weights: docs/bf16.md), within the bf16 products'
+      // rounding
+      EXPECT_TRUE(gpt2::test::near(decode, prefill, 2e-3)) << what;
+      EXPECT_TRUE(gpt2::test::near(chunks, prefill, 2e-3)) << what;
+      EXPECT_EQ(std::memcmp(prefill.data(), whole.data(), sizeof(float) * whole.size()), 0) << what;
+    } else if (GetParam() != Isa::generic) {  // the generic level's attention orders sums by shape
       EXPECT_EQ(std::memcmp(prefill.data(), decode.data(), sizeof(float) * decode.size()), 0) << what;
       EXPECT_EQ(std::memcmp(prefill.data(), chunks.data(), sizeof(float) * chunks.size()), 0) << what;
       EXPECT_EQ(std::memcmp(prefill.data(), whole.data(), sizeof(float) * whole.size()), 0) << what;

@@ -360,8 +360,12 @@ TEST_P(KVCacheInt8Forward, DecodeWithBF16OrInt8WeightsIsTheDequantizedKVForward)
     const RowMatrix<float> out = run_chunked(w, x, chunks);
     const Index D = c.N - c.prefill;
     EXPECT_TRUE(same(out.bottomRows(D), expected.bottomRows(D)));
-    if (gpt2::active_isa() == gpt2::Isa::amx)  // the AMX core's own rounding of prefill tiles
-      EXPECT_TRUE(near(out.topRows(c.prefill), expected.topRows(c.prefill), 5e-4));
+    // amx: its AMX core runs the tiles of 16 rows or more and the float32 core the shorter ones,
+    // so a row's bits depend on its tile there (as with a float cache: docs/bf16.md); the bf16
+    // products' rounding (8 bits) then bounds the difference (the largest seen on emulated tiles:
+    // 1.1e-3 relative)
+    if (gpt2::active_isa() == gpt2::Isa::amx)
+      EXPECT_TRUE(near(out.topRows(c.prefill), expected.topRows(c.prefill), 2e-3));
     else
       EXPECT_TRUE(same(out.topRows(c.prefill), expected.topRows(c.prefill)));
   }
