@@ -344,6 +344,29 @@ inline constexpr Index kDequantBlocksBf16 = 4;
 // reads them (else key rows), and value rows (a decode step).
 enum class Dequantize { rows, keys, decode };
 
+// The scratch's pages for the dequantized keys and values of int8 head kv (keys and vals: the
+// scratch's two halves; pages: its page table, keys' first then values'), key blocks
+// [b_begin, b_end) pointed at their own positions: kKeyBlock rows of padded_head_dim(head_dim)
+// elements per page, with kv's n_keys.
+template <class E>
+HeadPages<E> scratch_pages(const HeadPages<std::int8_t>& kv, std::vector<const E*>& pages, E* keys,
+                           E* vals, Index b_begin, Index b_end) {
+  const Index ld = kernels::padded_head_dim(kv.head_dim), kb = kernels::kKeyBlock;
+  const Index blocks = static_cast<Index>(pages.size() / 2);
+  HeadPages<E> f;
+  f.key_pages = pages.data();
+  f.value_pages = pages.data() + blocks;
+  f.page_rows = kb;
+  f.row_stride = ld;
+  f.n_keys = kv.n_keys;
+  f.head_dim = kv.head_dim;
+  for (Index b = b_begin; b < b_end; ++b) {
+    pages[static_cast<std::size_t>(b)] = keys + b * kb * ld;
+    pages[static_cast<std::size_t>(blocks + b)] = vals + b * kb * ld;
+  }
+  return f;
+}
+
 // Rows [j0, j1) of int8 head kv (j0 a multiple of kKeyBlock) dequantized into the scratch
 // (float(q) * scale: kernels/int8_dequant.hpp, at level isa; the same bits at every level), each
 // at its own position: float pages of kKeyBlock rows, padded_head_dim apart, and keys_t when
@@ -354,21 +377,10 @@ inline HeadPages<float> dequantize_head(Isa isa, const HeadPages<std::int8_t>& k
                                         AttentionScratch<float>& scratch) {
   const Index hd = kv.head_dim, ld = kernels::padded_head_dim(hd), kb = kernels::kKeyBlock;
   scratch.reserve_dequantized(j1, hd);
-  std::vector<const float*>& pages = scratch.dequantized_pages();
-  const Index blocks = static_cast<Index>(pages.size() / 2);
   float* const keys = scratch.dequantized();
   float* const vals = keys + scratch.dequantized_size() / 2;
-  HeadPages<float> f;
-  f.key_pages = pages.data();
-  f.value_pages = pages.data() + blocks;
-  f.page_rows = kb;
-  f.row_stride = ld;
-  f.n_keys = kv.n_keys;
-  f.head_dim = hd;
-  for (Index b = j0 / kb; b * kb < j1; ++b) {
-    pages[static_cast<std::size_t>(b)] = keys + b * kb * ld;
-    pages[static_cast<std::size_t>(blocks + b)] = vals + b * kb * ld;
-  }
+  HeadPages<float> f = scratch_pages<float>(kv, scratch.dequantized_pages(), keys, vals, j0 / kb,
+                                            (j1 + kb - 1) / kb);
   // (the vector levels' one-row steps read keys_t; the generic level's read key rows)
   if (what == Dequantize::decode && kv.keys_t != nullptr && isa != Isa::generic) {
     kernels::dequantize_key_blocks(isa, kv.keys_t, kv.key_scale_pages[0], j0 / kb,
@@ -395,21 +407,10 @@ inline HeadPages<std::uint16_t> dequantize_head_bf16(Isa isa, const HeadPages<st
   const Index hd = kv.head_dim, ld = kernels::padded_head_dim(hd), kb = kernels::kKeyBlock;
   const Index j0 = b0 * kb, j1 = std::min(b1 * kb, kv.n_keys);
   scratch.reserve_dequantized_bf16(j1, hd);
-  std::vector<const std::uint16_t*>& pages = scratch.dequantized_bf16_pages();
-  const Index blocks = static_cast<Index>(pages.size() / 2);
   std::uint16_t* const keys = scratch.dequantized_bf16();
   std::uint16_t* const vals = keys + scratch.dequantized_bf16_size() / 2;
-  HeadPages<std::uint16_t> f;
-  f.key_pages = pages.data();
-  f.value_pages = pages.data() + blocks;
-  f.page_rows = kb;
-  f.row_stride = ld;
-  f.n_keys = kv.n_keys;
-  f.head_dim = hd;
-  for (Index b = b0; b < b1; ++b) {
-    pages[static_cast<std::size_t>(b)] = keys + b * kb * ld;
-    pages[static_cast<std::size_t>(blocks + b)] = vals + b * kb * ld;
-  }
+  HeadPages<std::uint16_t> f = scratch_pages<std::uint16_t>(
+      kv, scratch.dequantized_bf16_pages(), keys, vals, b0, b1);
   if (kv.keys_t != nullptr) {
     kernels::dequantize_key_blocks_bf16(isa, kv.keys_t, kv.key_scale_pages[0], b0, b1, hd, keys);
     f.keys_t = keys;
